@@ -1,0 +1,170 @@
+"""torch.fx (functional core ATen, from AOTAutograd) -> ir.Graph.
+
+Walks the fx graph once. Each call_function node goes to its lowering in the table (`lowering.py`;
+the lowerings live in lower_*.py by kind). The lowering's result is checked against the node's
+FakeTensor; an op with no lowering, or a case a lowering declines, becomes an `extern` node that
+runs the ATen op through torch: correct, and listed in the report. With strict=True it is an error
+naming the op and the user's source line instead.
+"""
+from __future__ import annotations
+
+import logging
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..errors import MinicompError, UnsupportedOpError
+from ..ir import Graph, Node, Ref, TensorType, dtype_name
+from . import lower_pointwise, lower_reduce, lower_view  # noqa: F401  (they fill the table)
+from .lowering import LOWERINGS, Builder, Unsupported
+
+log = logging.getLogger("minicomp")
+
+
+def source_line(fx_node: fx.Node) -> str:
+    """The user's line that produced this op, from Dynamo's stack trace: 'file.py:12 in forward: y = f(x)'."""
+    trace = fx_node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            parts = lines[i].split(",")
+            file = parts[0][len("File "):].strip('"').rsplit("/", 1)[-1]
+            where = ",".join(parts[1:]).replace(" line ", "").strip()
+            code = lines[i + 1] if i + 1 < len(lines) else ""
+            return f"{file}:{where}: {code}".strip()
+    return "(source line unknown)"
+
+
+def _type_of(val):
+    if isinstance(val, torch.Tensor):
+        return TensorType.of(val)
+    if isinstance(val, (tuple, list)):
+        return tuple(_type_of(v) if isinstance(v, (torch.Tensor, tuple, list)) else None for v in val)
+    return None
+
+
+def _extern_value(v, refs: list):
+    """Turn one fx argument into an extern attribute value; tensor operands become Ref slots."""
+    if isinstance(v, Node):
+        refs.append(v)
+        return Ref(len(refs) - 1)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_extern_value(x, refs) for x in v)
+    if isinstance(v, torch.device):
+        return str(v)
+    if v is None or isinstance(v, (bool, int, float, str, torch.dtype, torch.layout, torch.memory_format)):
+        return v
+    raise MinicompError(f"cannot pass {v!r} ({type(v).__name__}) to an extern op")
+
+
+class Lowerer:
+    def __init__(self, gm: fx.GraphModule, name: str, strict: bool):
+        self.gm, self.strict = gm, strict
+        self.b = Builder(name)
+        self.env: dict[fx.Node, object] = {}
+        self.externs: list[str] = []
+
+    def run(self) -> Graph:
+        inputs, constants, outputs = [], {}, []
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                val = node.meta.get("val")
+                if not isinstance(val, torch.Tensor):
+                    raise MinicompError(f"graph input {node.name} is {type(val).__name__}, not a tensor "
+                                        "(minicomp compiles static shapes only)")
+                n = Node("input", (), type=TensorType.of(val), name=node.name)
+                inputs.append(n)
+                self.env[node] = n
+            elif node.op == "get_attr":
+                t = getattr(self.gm, node.target)
+                constants[node.target] = t.detach()
+                n = Node("constant", (), {"name": node.target}, TensorType.of(t))
+                self.b.nodes.append(n)
+                self.env[node] = n
+            elif node.op == "call_function":
+                self.env[node] = self.call(node)
+            elif node.op == "output":
+                outputs = [self._output(o) for o in fx.node.map_arg(node.args[0], lambda a: self.env[a])]
+            else:
+                raise MinicompError(f"unexpected fx node {node.op} {node.target}")
+        return Graph(self.b.graph_name, inputs, self.b.nodes, outputs, constants)
+
+    @staticmethod
+    def _output(o):
+        if o is None or isinstance(o, Node):
+            return o
+        raise MinicompError(f"graph output {o!r} is not a tensor")
+
+    def call(self, node: fx.Node):
+        args = fx.node.map_arg(node.args, lambda a: self.env[a])
+        kwargs = fx.node.map_arg(node.kwargs, lambda a: self.env[a])
+        if node.target is operator.getitem:
+            src, idx = args
+            if isinstance(src, Node):  # a multi-result extern
+                return self._emit_getitem(src, idx)
+            return src[idx]
+        b, val = self.b, node.meta.get("val")
+        b.val, b.target_name, b.fx_node = val, str(node.target), node
+        b.meta = {"source": source_line(node), "fx": node.name}
+        mark = len(b.nodes)
+        try:
+            if isinstance(val, torch.Tensor) and val.numel() == 0:
+                result = b.full(0, dtype_name(val.dtype), tuple(val.shape))
+            else:
+                fn = LOWERINGS.get(node.target)
+                if fn is None:
+                    raise Unsupported("no lowering")
+                result = fn(b, *args, **kwargs)
+            self._check(node, result, val)
+            return result
+        except Unsupported as e:
+            del b.nodes[mark:]
+            if self.strict:
+                raise UnsupportedOpError(f"{node.target} is not supported by minicomp ({e})\n"
+                                         f"  at {b.meta['source']}") from None
+            return self._extern(node, args, kwargs, val, str(e))
+
+    def _check(self, node, result, val):
+        want = _type_of(val)
+        got = result.type if isinstance(result, Node) else tuple(
+            r.type if isinstance(r, Node) else None for r in result) if isinstance(result, tuple) else None
+        if isinstance(want, tuple):
+            got_t = tuple(g for g, w in zip(got or (), want) if w is not None) if isinstance(got, tuple) else None
+            want_t = tuple(w for w in want if w is not None)
+            if got_t != want_t:
+                raise Unsupported(f"lowering produced {got}, expected {want}")
+        elif got != want:
+            log.warning("minicomp: internal: lowering of %s produced %s, expected %s; running it as extern",
+                        node.target, got, want)
+            raise Unsupported(f"lowering produced {got}, expected {want}")
+
+    def _extern(self, node, args, kwargs, val, reason):
+        refs: list[Node] = []
+        ext_args = _extern_value(tuple(args), refs)
+        ext_kwargs = {k: _extern_value(v, refs) for k, v in kwargs.items()}
+        typ = _type_of(val)
+        if typ is None:
+            raise MinicompError(f"{node.target} returns {type(val).__name__}, which minicomp cannot hold\n"
+                                f"  at {self.b.meta['source']}")
+        attrs = {"target": str(node.target), "args": ext_args}
+        if ext_kwargs:
+            attrs["kwargs"] = ext_kwargs
+        ext = Node("extern", refs, attrs, typ, meta=dict(self.b.meta, reason=reason))
+        self.b.nodes.append(ext)
+        self.externs.append(str(node.target))
+        if isinstance(typ, tuple):
+            return tuple(self._emit_getitem(ext, i) if t is not None else None for i, t in enumerate(typ))
+        return ext
+
+    def _emit_getitem(self, src: Node, idx: int) -> Node:
+        n = Node("getitem", (src,), {"index": idx}, src.type[idx], meta=src.meta)
+        self.b.nodes.append(n)
+        return n
+
+
+def lower(gm: fx.GraphModule, name: str = "forward", strict: bool = False) -> tuple[Graph, list[str]]:
+    """Returns the IR graph and the ATen ops that became externs."""
+    lw = Lowerer(gm, name, strict)
+    graph = lw.run()
+    return graph, lw.externs

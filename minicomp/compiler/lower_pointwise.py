@@ -1,0 +1,184 @@
+"""Lowerings of ATen's pointwise ops: math, comparisons, where, casts and the activations.
+
+Pattern: cast operands to the dtype torch computes in (`b.out_dtype` for arithmetic, the promoted
+operand dtype for comparisons), then emit one IR op. Python scalars become 0-d `full` nodes.
+"""
+from __future__ import annotations
+
+from .lowering import Unsupported, aten, compute_dtype, lowering, result_dtype
+
+_UNARY = {
+    aten.neg: "neg", aten.abs: "abs", aten.exp: "exp", aten.exp2: "exp2", aten.expm1: "expm1",
+    aten.log: "log", aten.log2: "log2", aten.log10: "log10", aten.log1p: "log1p", aten.sqrt: "sqrt",
+    aten.rsqrt: "rsqrt", aten.reciprocal: "reciprocal", aten.sin: "sin", aten.cos: "cos", aten.tan: "tan",
+    aten.asin: "asin", aten.acos: "acos", aten.atan: "atan", aten.sinh: "sinh", aten.cosh: "cosh",
+    aten.tanh: "tanh", aten.asinh: "asinh", aten.acosh: "acosh", aten.atanh: "atanh",
+    aten.sigmoid: "sigmoid", aten.erf: "erf", aten.erfc: "erfc", aten.erfinv: "erfinv",
+    aten.floor: "floor", aten.ceil: "ceil", aten.trunc: "trunc", aten.frac: "frac", aten.sign: "sign",
+    aten.sgn: "sign", aten.relu: "relu", aten.silu: "silu", aten.bitwise_not: "bitwise_not",
+}
+_PREDICATES = {aten.isnan: "isnan", aten.isinf: "isinf", aten.logical_not: "logical_not"}
+_ARITH = {
+    aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum", aten.remainder: "remainder",
+    aten.fmod: "fmod", aten.atan2: "atan2", aten.bitwise_and: "bitwise_and",
+    aten.bitwise_or: "bitwise_or", aten.bitwise_xor: "bitwise_xor",
+}
+_COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge",
+            aten.logical_and: "logical_and", aten.logical_or: "logical_or", aten.logical_xor: "logical_xor"}
+
+
+def _unary(op):
+    def lower(b, x):
+        if op == "bitwise_not" and x.type.dtype == "b8":
+            return b.emit("logical_not", x)
+        if x.type.dtype in ("f16", "bf16") and op not in ("neg", "abs", "relu", "sign", "floor", "ceil", "trunc"):
+            return b.cast(b.emit(op, b.cast(x, "f32")), b.out_dtype)
+        return b.emit(op, b.cast(x, b.out_dtype))
+    return lower
+
+
+for _t, _op in _UNARY.items():
+    lowering(_t)(_unary(_op))
+for _t, _op in _PREDICATES.items():
+    lowering(_t)(lambda b, x, _op=_op: b.emit(_op, x))
+
+
+def _binary(op):
+    def lower(b, x, y):
+        dt = b.out_dtype
+        return b.emit(op, b.tensor(x, dt), b.tensor(y, dt))
+    return lower
+
+
+for _t, _op in _ARITH.items():
+    lowering(_t)(_binary(_op))
+
+
+def _compare(op):
+    def lower(b, x, y):
+        dt = result_dtype(x, y)
+        return b.emit(op, b.tensor(x, dt), b.tensor(y, dt))
+    return lower
+
+
+for _t, _op in _COMPARE.items():
+    lowering(_t)(_compare(_op))
+
+
+@lowering(aten.add, aten.sub)
+def _add_sub(b, x, y, alpha=1):
+    dt = b.out_dtype
+    y = b.tensor(y, dt)
+    if alpha != 1:
+        y = b.emit("mul", y, b.full(alpha, dt))
+    return b.emit("add" if b.target_name.startswith("aten.add") else "sub", b.tensor(x, dt), y)
+
+
+@lowering(aten.rsub)
+def _rsub(b, x, y, alpha=1):
+    dt = b.out_dtype
+    x = b.tensor(x, dt)
+    if alpha != 1:
+        x = b.emit("mul", x, b.full(alpha, dt))
+    return b.emit("sub", b.tensor(y, dt), x)
+
+
+@lowering(aten.div)
+def _div(b, x, y, rounding_mode=None):
+    dt = b.out_dtype
+    op = {None: "div", "floor": "div_floor", "trunc": "div_trunc"}[rounding_mode]
+    return b.emit(op, b.tensor(x, dt), b.tensor(y, dt))
+
+
+@lowering(aten.floor_divide)
+def _floor_divide(b, x, y):
+    return b.emit("div_floor", b.tensor(x, b.out_dtype), b.tensor(y, b.out_dtype))
+
+
+@lowering(aten.pow)
+def _pow(b, x, y):
+    dt = b.out_dtype
+    if y == 2 and not isinstance(y, bool) and not hasattr(y, "op"):
+        xt = b.tensor(x, dt)
+        return b.emit("mul", xt, xt)
+    if y == 1 and not hasattr(y, "op"):
+        return b.tensor(x, dt)
+    return b.emit("pow", b.tensor(x, dt), b.tensor(y, dt))
+
+
+@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(b, cond, x, y):
+    dt = b.out_dtype
+    return b.emit("where", b.cast(cond, "b8"), b.tensor(x, dt), b.tensor(y, dt))
+
+
+@lowering(aten.clamp, aten.clamp_min, aten.clamp_max)
+def _clamp(b, x, lo=None, hi=None):
+    name = b.target_name
+    if name.startswith("aten.clamp_max"):
+        lo, hi = None, lo
+    dt = b.out_dtype
+    out = b.tensor(x, dt)
+    if lo is not None:
+        out = b.emit("maximum", out, b.tensor(lo, dt))
+    if hi is not None:
+        out = b.emit("minimum", out, b.tensor(hi, dt))
+    return out
+
+
+@lowering(aten.hardtanh)
+def _hardtanh(b, x, lo=-1.0, hi=1.0):
+    dt = b.out_dtype
+    return b.emit("minimum", b.emit("maximum", x, b.full(lo, dt)), b.full(hi, dt))
+
+
+@lowering(aten.leaky_relu)
+def _leaky_relu(b, x, slope=0.01):
+    zero = b.full(0, x.type.dtype)
+    return b.emit("where", b.emit("gt", x, zero), x, b.emit("mul", x, b.full(slope, x.type.dtype)))
+
+
+@lowering(aten.gelu)
+def _gelu(b, x, approximate="none"):
+    cdt = compute_dtype(x.type.dtype)
+    return b.cast(b.emit("gelu", b.cast(x, cdt), approximate=approximate), b.out_dtype)
+
+
+@lowering(aten.threshold_backward)
+def _threshold_backward(b, grad, x, threshold):
+    return b.emit("where", b.emit("le", x, b.full(threshold, x.type.dtype)), b.full(0, grad.type.dtype), grad)
+
+
+@lowering(aten._to_copy, aten.to.dtype)
+def _to_copy(b, x, *args, dtype=None, **kwargs):
+    src = b.fx_node.args[0].meta.get("val")
+    if src is not None and src.device != b.val.device:
+        raise Unsupported("copy to another device")
+    return b.cast(x, b.out_dtype)
+
+
+@lowering(aten.clone, aten.alias, aten.contiguous, aten.lift_fresh_copy, aten.detach)
+def _identity(b, x, *args, **kwargs):
+    return x
+
+
+@lowering(aten.copy.default)
+def _copy(b, dst, src, non_blocking=False):
+    return b.expand(b.cast(src, dst.type.dtype), dst.type.shape)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(b, x, mask, value):
+    return b.emit("where", mask, b.tensor(value, x.type.dtype), x)
+
+
+@lowering(aten.nan_to_num)
+def _nan_to_num(b, x, nan=0.0, posinf=None, neginf=None):
+    import torch
+    dt = x.type.dtype
+    fi = torch.finfo(b.val.dtype)
+    x = b.emit("where", b.emit("isnan", x), b.full(nan if nan is not None else 0.0, dt), x)
+    inf = b.full(float("inf"), dt)
+    x = b.emit("where", b.emit("eq", x, inf), b.full(fi.max if posinf is None else posinf, dt), x)
+    ninf = b.full(float("-inf"), dt)
+    return b.emit("where", b.emit("eq", x, ninf), b.full(fi.min if neginf is None else neginf, dt), x)

@@ -1,0 +1,216 @@
+"""Lowerings of views, concatenation, gathers and tensor creation.
+
+Views lower to the four IR view ops (reshape, permute, expand, slice); the result shape always
+comes from the fx node's FakeTensor, so -1 sizes and squeeze rules are torch's, not re-derived here.
+"""
+from __future__ import annotations
+
+from .lowering import Unsupported, aten, lowering, norm_dim
+
+
+@lowering(aten.view.default, aten._unsafe_view, aten.reshape, aten.squeeze, aten.unsqueeze,
+          aten.flatten.using_ints, aten.view_as, aten.reshape_as, aten.unflatten)
+def _reshape(b, x, *args, **kwargs):
+    return b.reshape(x, b.out_shape)
+
+
+@lowering(aten.permute)
+def _permute(b, x, dims):
+    dims = tuple(norm_dim(d, x.type.ndim) for d in dims)
+    if dims == tuple(range(x.type.ndim)):
+        return x
+    return b.emit("permute", x, dims=dims)
+
+
+@lowering(aten.transpose.int)
+def _transpose(b, x, d0, d1):
+    nd = x.type.ndim
+    if nd < 2:
+        return x
+    dims = list(range(nd))
+    d0, d1 = norm_dim(d0, nd), norm_dim(d1, nd)
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return _permute(b, x, dims)
+
+
+@lowering(aten.t.default)
+def _t(b, x):
+    return _transpose(b, x, 0, 1)
+
+
+@lowering(aten.expand.default, aten.expand_as, aten.broadcast_to)
+def _expand(b, x, *args, **kwargs):
+    return b.expand(x, b.out_shape)
+
+
+def slice_(b, x, dim, start, end, step=1):
+    size = x.type.shape[dim]
+    start, end, _ = slice(start, end).indices(size)
+    end = max(end, start)
+    if (start, end, step) == (0, size, 1):
+        return x
+    return b.emit("slice", x, dim=dim, start=start, end=end, step=step)
+
+
+@lowering(aten.slice.Tensor)
+def _slice(b, x, dim=0, start=None, end=None, step=1):
+    if x.type.ndim == 0:
+        raise Unsupported("slice of a 0-d tensor")
+    return slice_(b, x, norm_dim(dim, x.type.ndim), start, end, step)
+
+
+@lowering(aten.narrow)
+def _narrow(b, x, dim, start, length):
+    dim = norm_dim(dim, x.type.ndim)
+    start = start % x.type.shape[dim] if start < 0 else start
+    return slice_(b, x, dim, start, start + length)
+
+
+@lowering(aten.select.int)
+def _select(b, x, dim, index):
+    dim = norm_dim(dim, x.type.ndim)
+    index = index % x.type.shape[dim] if index < 0 else index
+    return b.reshape(slice_(b, x, dim, index, index + 1), b.out_shape)
+
+
+@lowering(aten.split_with_sizes, aten.split.Tensor, aten.unbind.int)
+def _split(b, x, sizes=None, dim=0):
+    dim = norm_dim(dim, x.type.ndim)
+    outs, start = [], 0
+    for v in b.val:
+        n = int(v.shape[dim]) if v.dim() == x.type.ndim else 1
+        piece = slice_(b, x, dim, start, start + n)
+        outs.append(b.reshape(piece, tuple(v.shape)))
+        start += n
+    return tuple(outs)
+
+
+@lowering(aten.cat.default)
+def _cat(b, tensors, dim=0):
+    dt, shape = b.out_dtype, b.out_shape
+    # torch.cat skips legacy 1-d empty tensors whatever the other operands' rank
+    parts = [b.cast(t, dt) for t in tensors if t.type.ndim == len(shape)]
+    dim = norm_dim(dim, len(shape))
+    parts = [p for p in parts if p.type.shape[dim] > 0]
+    if len(parts) == 1:
+        return parts[0]
+    return b.emit("cat", *parts, dim=dim)
+
+
+@lowering(aten.index_select.default)
+def _index_select(b, x, dim, index):
+    if x.type.ndim == 0:
+        raise Unsupported("index_select of a 0-d tensor")
+    return b.emit("index_select", x, b.reshape(index, (index.type.numel,)), dim=norm_dim(dim, x.type.ndim))
+
+
+@lowering(aten.gather.default)
+def _gather(b, x, dim, index, sparse_grad=False):
+    if x.type.ndim == 0:
+        raise Unsupported("gather of a 0-d tensor")
+    return b.emit("gather", x, index, dim=norm_dim(dim, x.type.ndim))
+
+
+@lowering(aten.embedding.default)
+def _embedding(b, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    flat = b.reshape(indices, (indices.type.numel,))
+    rows = b.emit("index_select", weight, flat, dim=0)
+    return b.reshape(rows, b.out_shape)
+
+
+@lowering(aten.index.Tensor)
+def _index(b, x, indices):
+    """x[idx] with one index tensor on the first dim (what embedding-like code produces)."""
+    if len(indices) != 1 or indices[0] is None or indices[0].type.dtype not in ("i64", "i32") or x.type.ndim == 0:
+        raise Unsupported("advanced indexing beyond one integer index on dim 0")
+    idx = indices[0]
+    rows = b.emit("index_select", x, b.reshape(idx, (idx.type.numel,)), dim=0)
+    return b.reshape(rows, b.out_shape)
+
+
+# ---- creation --------------------------------------------------------------------------------------
+
+
+def _fill(b, value):
+    dt = b.out_dtype
+    return b.full(value, dt, b.out_shape)
+
+
+@lowering(aten.full.default, aten.full_like, aten.new_full)
+def _full(b, *args, **kwargs):
+    value = args[1] if b.target_name != "aten.new_full.default" else args[2]
+    return _fill(b, value)
+
+
+@lowering(aten.zeros.default, aten.zeros_like, aten.new_zeros, aten.empty.memory_format, aten.empty_like,
+          aten.new_empty, aten.empty_strided)
+def _zeros(b, *args, **kwargs):
+    return _fill(b, 0)
+
+
+@lowering(aten.ones.default, aten.ones_like, aten.new_ones)
+def _ones(b, *args, **kwargs):
+    return _fill(b, 1)
+
+
+@lowering(aten.scalar_tensor.default)
+def _scalar_tensor(b, value, **kwargs):
+    return _fill(b, value)
+
+
+@lowering(aten.arange.default, aten.arange.start, aten.arange.start_step)
+def _arange(b, *args, **kwargs):
+    nums = [a for a in args if isinstance(a, (int, float))]
+    start, step = (0, 1) if len(nums) == 1 else (nums[0], nums[2] if len(nums) > 2 else 1)
+    return b.emit("iota", shape=b.out_shape, dim=0, start=start, step=step, dtype=b.out_dtype)
+
+
+@lowering(aten.tril.default, aten.triu.default)
+def _tril(b, x, diagonal=0):
+    if x.type.ndim < 2:
+        raise Unsupported("tril/triu of fewer than 2 dims")
+    rows, cols = x.type.shape[-2:]
+    r = b.emit("iota", shape=(rows, cols), dim=0, start=0, step=1, dtype="i64")
+    c = b.emit("iota", shape=(rows, cols), dim=1, start=-diagonal, step=1, dtype="i64")
+    keep = b.emit("le" if b.target_name.startswith("aten.tril") else "ge", c, r)
+    return b.emit("where", keep, x, b.full(0, x.type.dtype))
+
+
+@lowering(aten.mm.default)
+def _mm(b, x, y):
+    return b.emit("mm", x, y)
+
+
+@lowering(aten.bmm.default)
+def _bmm(b, x, y):
+    return b.emit("bmm", x, y)
+
+
+@lowering(aten.addmm.default)
+def _addmm(b, bias, x, y, beta=1, alpha=1):
+    return _scale_add(b, b.emit("mm", x, y), bias, beta, alpha)
+
+
+@lowering(aten.baddbmm.default)
+def _baddbmm(b, bias, x, y, beta=1, alpha=1):
+    return _scale_add(b, b.emit("bmm", x, y), bias, beta, alpha)
+
+
+def _scale_add(b, prod, bias, beta, alpha):
+    dt = prod.type.dtype
+    if alpha != 1:
+        prod = b.emit("mul", prod, b.full(alpha, dt))
+    if beta == 0:
+        return prod
+    bias = b.cast(bias, dt)
+    if beta != 1:
+        bias = b.emit("mul", bias, b.full(beta, dt))
+    return b.emit("add", prod, bias)
+
+
+@lowering(aten.convolution.default)
+def _convolution(b, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    args = (x, w) if bias is None else (x, w, bias)
+    return b.emit("conv", *args, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation),
+                  transposed=bool(transposed), output_padding=tuple(output_padding), groups=int(groups))
+

@@ -1,0 +1,1 @@
+"""Graph passes. Each module exposes `run(graph, ctx) -> graph`; their order lives in pipeline.py."""

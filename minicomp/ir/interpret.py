@@ -1,0 +1,43 @@
+"""The reference backend: run a Graph node by node through the op table's torch references.
+
+It is the oracle every pass and backend is tested against, so it does nothing clever: the per-node
+work (ref lookup, operand indices) is prepared once, and each call walks the list.
+"""
+from __future__ import annotations
+
+import torch
+
+from .graph import Graph
+from .ops import OPS
+
+
+def prepare(graph: Graph):
+    """Return `run(*inputs) -> list` for the graph."""
+    slot = {n: i for i, n in enumerate(graph.inputs)}
+    steps = []
+    for n in graph.nodes:
+        slot[n] = len(slot)
+        if n.op == "constant":
+            value = graph.constants[n.attrs["name"]]
+            steps.append((None, value, None))
+        else:
+            steps.append((OPS[n.op].ref, tuple(slot[a] for a in n.args), n.attrs))
+    outs = tuple(None if o is None else slot[o] for o in graph.outputs)
+    n_in = len(graph.inputs)
+
+    def run(*inputs):
+        if len(inputs) != n_in:
+            raise TypeError(f"graph {graph.name} takes {n_in} inputs, got {len(inputs)}")
+        env = list(inputs)
+        device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+        for ref, args, attrs in steps:
+            if ref is None:
+                env.append(args.to(device))
+            else:
+                env.append(ref([env[i] for i in args], attrs, device))
+        return [None if i is None else env[i] for i in outs]
+    return run
+
+
+def interpret(graph: Graph, *inputs):
+    return prepare(graph)(*inputs)
