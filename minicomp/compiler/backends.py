@@ -2,19 +2,131 @@
 and runtime/; this is the only place that knows the list."""
 from __future__ import annotations
 
-from ..ir import prepare
+import os
+import time
+
+import torch
+
+from ..ir import OPS, DTYPES, prepare
+from ..report import KernelReport
+
+FLOPS_PER_BYTE = {"cpu": 4.0, "cuda": 40.0, "cuda_emu": 40.0}
 
 
 def resolve_backend(name: str) -> str:
     if name == "auto":
-        return "interpret"
-    if name in ("cpu", "cuda", "cuda_emu"):
-        raise NotImplementedError(f"minicomp: backend {name!r} is not built yet; use 'interpret'")
+        return "cpu"
+    if name in ("cuda", "cuda_emu"):
+        raise NotImplementedError(f"minicomp: backend {name!r} is not built yet; use 'cpu' or 'interpret'")
     return name
+
+
+def kernel_ops(backend: str):
+    """(ops the backend's code generator has, its flops-per-byte balance); (None, 0) without kernels."""
+    if backend == "cpu":
+        from ..codegen.llvm_ops import SUPPORTED_OPS
+        return SUPPORTED_OPS, FLOPS_PER_BYTE["cpu"]
+    return None, 0.0
 
 
 def build(graph, ctx, backend: str):
     """Returns (run(*inputs) -> list of outputs, detail dict for the report)."""
     if backend == "interpret":
         return prepare(graph), {}
+    if backend == "cpu":
+        return build_cpu(graph, ctx)
     raise ValueError(f"unknown backend {backend!r}")
+
+
+def _torch_fn(node):
+    ref, attrs = OPS[node.op].ref, node.attrs
+    if node.op == "getitem":
+        i = attrs["index"]
+        return lambda t: t[i]
+    return lambda *xs: ref(list(xs), attrs, "cpu")
+
+
+def build_cpu(graph, ctx):
+    from ..codegen.llvm import generate_module, outer_extent
+    from ..ir.kernel import format_kernel
+    from ..runtime.cpu import JitModule, KernelLaunch, Program, TorchCall
+
+    knodes = [n for n in graph.nodes if n.op == "kernel"]
+    t0 = time.perf_counter()
+    text, kernels = generate_module([n.meta["kernel"] for n in knodes], ctx.name)
+    ctx.dump.stage("kernels", "\n".join(format_kernel(k) for k in kernels), level=3)
+    ctx.dump.stage("llvm", text, level=4)
+    jit = JitModule(text) if knodes else None
+    codegen_s = time.perf_counter() - t0
+
+    slot = {n: i for i, n in enumerate(graph.inputs)}
+    constants = [n for n in graph.nodes if n.op == "constant"]
+    for n in constants:
+        slot[n] = len(slot)
+    for n in graph.nodes:
+        if n not in slot:
+            slot[n] = len(slot)
+    # values kernels read must be contiguous: torch results feeding a kernel are made so
+    kernel_inputs = {a for kn in knodes for a in kn.args}
+    steps, buffers, reports = [], [], []
+    results = {}
+    for n in graph.nodes:
+        if n.op == "getitem" and n.args[0].op == "kernel":
+            results.setdefault(n.args[0], {})[n.attrs["index"]] = n
+    outputs = set(o for o in graph.outputs if o is not None)
+    for n, k in zip(knodes, kernels):
+        outs = results.get(n, {})
+        slots = []
+        for kind, j in n.meta["io"]:
+            slots.append(slot[n.args[j]] if kind == "arg" else slot[outs[j]])
+        work = 1
+        for v in k.outer + k.inner:
+            work *= v.size
+        n.meta["launch"] = KernelLaunch(jit.address(k.name), slots, outer_extent(k), work, k.name)
+        reports.append(KernelReport(k.name, ctx.name, list(k.ops), k.bytes_read, k.bytes_written, k.flops))
+        for j, g in outs.items():
+            buffers.append((slot[g], g.type.shape, DTYPES[g.type.dtype],
+                            None if g in outputs else g.meta["arena_offset"]))
+    for n in graph.nodes:
+        if n.op in ("constant", "input") or (n.op == "getitem" and n.args[0].op == "kernel"):
+            continue
+        if n.op == "kernel":
+            steps.append(n.meta["launch"])
+        else:
+            steps.append(TorchCall(_torch_fn(n), [slot[a] for a in n.args], slot[n], n in kernel_inputs))
+    if os.environ.get("MINICOMP_PROFILE") == "1":
+        steps = [_timed(s, r) for s, r in zip(steps, _step_reports(graph, reports))]
+    program = Program(len(graph.inputs), [graph.constants[c.attrs["name"]] for c in constants], steps, buffers,
+                      [None if o is None else slot[o] for o in graph.outputs], ctx.arena_bytes, len(slot))
+    program.jit = jit  # the machine code lives as long as the program
+    ctx.report.kernels.extend(reports)
+    detail = {"kernels": len(knodes), "torch_ops": sum(not isinstance(s, KernelLaunch) for s in steps),
+              "arena_bytes": ctx.arena_bytes, "remat_bytes_saved": ctx.remat_bytes_saved,
+              "llvm_cached": bool(jit and jit.cached), "codegen_ms": round(codegen_s * 1e3, 1)}
+    return program, detail
+
+
+def _step_reports(graph, reports):
+    it = iter(reports)
+    for n in graph.nodes:
+        if n.op == "kernel":
+            yield next(it)
+        elif n.op not in ("constant", "input") and not (n.op == "getitem" and n.args[0].op == "kernel"):
+            yield None
+
+
+def _timed(step, report):
+    """MINICOMP_PROFILE=1: time each kernel (the report keeps the running mean per call)."""
+    if report is None:
+        return step
+    calls = [0]
+
+    def run(env):
+        t = time.perf_counter()
+        step(env)
+        calls[0] += 1
+        report.time_s += (time.perf_counter() - t - report.time_s) / calls[0]
+    return run
+
+
+__all__ = ["resolve_backend", "kernel_ops", "build", "torch"]

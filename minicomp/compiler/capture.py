@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 from torch._decomp import core_aten_decompositions
@@ -33,23 +34,31 @@ class Context:
     dump: Dumper
     report: Report
     name: str
+    kernel_ops: Optional[set] = None    # ops the backend's code generator has; None: no kernels
+    flops_per_byte: float = 4.0         # the backend's compute/bandwidth balance (rematerialization)
+    source_graph: Any = None            # set by fuse: the tensor-level graph kernels were built from
+    schedule: Any = None
+    shared_only: set = field(default_factory=set)
+    remat_bytes_saved: int = 0
+    arena_bytes: int = 0
 
 
 def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options, report: Report, kind: str):
     """fx graph -> IR -> passes -> a backend's callable taking the flat list of inputs."""
-    from .backends import build, resolve_backend  # the backends import codegen/runtime lazily
+    from .backends import build, kernel_ops, resolve_backend  # backends import codegen/runtime lazily
     t0 = time.perf_counter()
     name = f"{kind}_{next(_names)}"
+    backend = resolve_backend(options.backend)
     ctx = Context(options, Dumper(options, name), report, name)
+    ctx.kernel_ops, ctx.flops_per_byte = kernel_ops(backend)
     ctx.dump.stage("fx", gm.print_readable(print_output=False), level=3)
     graph, externs = lower(gm, name, options.strict)
     ctx.dump.stage("ir", str(graph))
     if options.verify:
         verify(graph)
-    graph = run_passes(graph, ctx)
-    backend = resolve_backend(options.backend)
-    run, detail = build(graph, ctx, backend)
     externs = [n.attrs["target"] for n in graph.nodes if n.op == "extern"]
+    graph = run_passes(graph, ctx)
+    run, detail = build(graph, ctx, backend)
     g = GraphReport(name, kind, backend, len(gm.graph.nodes), len(graph.nodes), externs,
                     time.perf_counter() - t0, detail)
     report.graphs.append(g)

@@ -385,3 +385,5 @@ def _extern_ref(xs, a, device):
 
 _add("extern", "extern", lambda ts, a: None, _extern_ref, lambda *_: 0, None, ("target", "args"))
 _add("getitem", "tuple", lambda ts, a: None, lambda xs, a, d: xs[0][a["index"]], lambda *_: 0, 1, ("index",))
+# a fused kernel (compiler/passes/fuse.py): its body lives in node.meta["kernel"], results are picked by getitem
+_add("kernel", "kernel", lambda ts, a: None, lambda xs, a, d: None, lambda *_: 0, None, ("name",))

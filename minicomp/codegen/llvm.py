@@ -1,0 +1,257 @@
+"""Kernel -> LLVM IR (llvmlite), one module per graph.
+
+Each kernel becomes `void <name>(ptr bufs, i64 start, i64 end)`: it loads its buffer pointers and
+calls `<name>_body(ptr noalias b0, ..., i64 start, i64 end)`, which runs outer iterations
+[start, end) of the first outer loop (the runtime splits that range across threads). `noalias`
+lets LLVM vectorize without runtime alias checks; the innermost loop is contiguous after
+collapse.py, so LLVM's loop vectorizer turns it into vector code (the tests check for vector ops).
+Reductions keep accumulators in allocas (promoted to phis); float sums carry `reassoc` so they
+vectorize; max/min track NaN separately so they stay vectorizable and still propagate NaN.
+"""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from ..ir.index import Expr, Var
+from ..ir.kernel import Kernel, KExpr
+from .collapse import collapse
+from .llvm_ops import FLOATS, I1, I64, UNSIGNED, Ops, const, mem_type, reg_type
+
+PTR = ir.PointerType()
+
+
+class KernelCodegen:
+    def __init__(self, module: ir.Module, kernel: Kernel):
+        self.module, self.k = module, kernel
+        self.vars: dict = {}
+        self.scopes: list[dict] = []
+        self.accs: dict = {}
+
+    # -- values ------------------------------------------------------------------------------------
+    def lookup(self, e: KExpr):
+        for scope in reversed(self.scopes):
+            if id(e) in scope:
+                return scope[id(e)]
+        return None
+
+    def index(self, e: Expr):
+        b = self.b
+        total = None
+        for atom, c in e.terms:
+            if isinstance(atom, Var):
+                v = self.vars[atom.name]
+            elif atom.kind == "data":
+                v = self.value(atom.c)
+                v = b.sext(v, I64) if v.type != I64 else v
+            else:
+                inner = self.index(atom.expr)
+                v = b.sdiv(inner, I64(atom.c)) if atom.kind == "div" else b.srem(inner, I64(atom.c))
+            term = v if c == 1 else b.mul(v, I64(c))
+            total = term if total is None else b.add(total, term)
+        if total is None:
+            return I64(e.const)
+        return b.add(total, I64(e.const)) if e.const else total
+
+    def value(self, e: KExpr):
+        hit = self.lookup(e)
+        if hit is not None:
+            return hit
+        b = self.b
+        if e.op == "load":
+            idx = self.index(e.attrs["index"])
+            guard = e.attrs.get("guard")
+            if guard is not None:  # a cat part outside its range reads element 0 (then discarded)
+                idx = b.select(self.value(guard), idx, I64(0))
+            ptr = b.gep(self.ptrs[e.attrs["buf"]], [idx], source_etype=mem_type(e.dtype))
+            out = self.ops.from_mem(e.dtype, b.load(ptr, typ=mem_type(e.dtype)))
+        elif e.op == "const":
+            out = const(e.dtype, e.attrs["value"])
+        elif e.op == "index":
+            out = self.ops.cast(self.index(e.attrs["expr"]), "i64", e.dtype)
+        elif e.op == "acc":
+            out = self.accs[id(e.attrs["red"])]
+        elif e.op == "clamp_index":
+            i = self.value(e.args[0])
+            i = b.sext(i, I64) if i.type != I64 else i
+            size = I64(e.attrs["size"])
+            i = b.select(b.icmp_signed("<", i, I64(0)), b.add(i, size), i)  # negative indices wrap
+            i = b.select(b.icmp_signed("<", i, I64(0)), I64(0), i)
+            out = b.select(b.icmp_signed(">=", i, size), b.sub(size, I64(1)), i)
+        else:
+            args = [self.value(a) for a in e.args]
+            out = self.ops.emit(e.op, args, e.dtype, e.attrs, [a.dtype for a in e.args])
+        self.scopes[-1][id(e)] = out
+        return out
+
+    # -- loops -------------------------------------------------------------------------------------
+    def loop(self, lo, hi, name: str, body) -> None:
+        """for name in [lo, hi): body()  -- emitted as a guarded bottom-tested loop."""
+        b = self.b
+        pre = b.block
+        header = b.append_basic_block(name)
+        done = b.append_basic_block(name + ".done")
+        b.cbranch(b.icmp_signed("<", lo, hi), header, done)
+        b.position_at_end(header)
+        i = b.phi(I64, name)
+        i.add_incoming(lo, pre)
+        self.vars[name] = i
+        self.scopes.append({})
+        body()
+        self.scopes.pop()
+        nxt = b.add(i, I64(1))
+        i.add_incoming(nxt, b.block)
+        b.cbranch(b.icmp_signed("<", nxt, hi), header, done)
+        b.position_at_end(done)
+
+    def nest(self, vs, body, first_range=None) -> None:
+        if not vs:
+            self.scopes.append({})
+            body()
+            self.scopes.pop()
+            return
+        lo, hi = first_range or (I64(0), I64(vs[0].size))
+        self.loop(lo, hi, vs[0].name, lambda: self.nest(vs[1:], body))
+
+    # -- reductions --------------------------------------------------------------------------------
+    def stage(self, reds) -> None:
+        b = self.b
+        slots = []
+        for r in reds:
+            vt = reg_type(r.value.dtype)
+            acc = self.entry_alloca(vt)
+            nan = self.entry_alloca(I1)
+            idx = self.entry_alloca(I64)
+            slots.append((r, acc, nan, idx))
+            b.store(self.init_value(r), acc)
+            b.store(I1(0), nan)
+            b.store(I64(0), idx)
+
+        def body():
+            for r, acc, nan, idx in slots:
+                x = self.value(r.value)
+                self.combine(r, x, acc, nan, idx)
+        self.nest(list(self.k.inner), body)
+        for r, acc, nan, idx in slots:
+            if r.op in ("argmax", "argmin"):
+                self.accs[id(r)] = self.ops.cast(b.load(idx), "i64", r.dtype)
+                continue
+            v = b.load(acc)
+            if r.value.dtype in FLOATS and r.op in ("amax", "amin"):
+                v = b.select(b.load(nan), ir.Constant(v.type, float("nan")), v)
+            self.accs[id(r)] = v
+
+    def init_value(self, r):
+        dt = r.value.dtype
+        vt = reg_type(dt)
+        if r.op == "sum":
+            return ir.Constant(vt, 0.0 if dt in FLOATS else 0)
+        if r.op == "prod":
+            return ir.Constant(vt, 1.0 if dt in FLOATS else 1)
+        big = r.op in ("amin", "argmin")
+        if dt in FLOATS:
+            return ir.Constant(vt, float("inf") if big else float("-inf"))
+        if dt == "b8":
+            return I1(1 if big else 0)
+        bits = vt.width
+        if dt in UNSIGNED:
+            return ir.Constant(vt, (1 << bits) - 1 if big else 0)
+        return ir.Constant(vt, (1 << (bits - 1)) - 1 if big else -(1 << (bits - 1)))
+
+    def combine(self, r, x, acc, nan, idx) -> None:
+        b, dt = self.b, r.value.dtype
+        cur = b.load(acc)
+        if r.op in ("sum", "prod"):
+            if dt in FLOATS:
+                new = (b.fadd if r.op == "sum" else b.fmul)(cur, x, flags=("reassoc",))
+            else:
+                new = (b.add if r.op == "sum" else b.mul)(cur, x)
+            b.store(new, acc)
+        elif r.op in ("amax", "amin"):
+            if dt in FLOATS:
+                b.store(self.ops.intr("maxnum" if r.op == "amax" else "minnum", cur, x), acc)
+                b.store(b.or_(b.load(nan), b.fcmp_unordered("uno", x, x)), nan)
+            else:
+                b.store(self.ops.emit("maximum" if r.op == "amax" else "minimum", [cur, x], dt, {}, [dt, dt]), acc)
+        else:  # argmax / argmin: strictly better, or the first NaN (torch treats NaN as the extreme)
+            pos = self.vars[self.k.inner[0].name] if self.k.inner else I64(0)
+            if dt in FLOATS:
+                better = b.fcmp_ordered(">" if r.op == "argmax" else "<", x, cur)
+                first_nan = b.and_(b.fcmp_unordered("uno", x, x), b.xor(b.load(nan), I1(1)))
+                take = b.and_(b.or_(better, first_nan), b.xor(b.load(nan), I1(1)))
+                b.store(b.or_(b.load(nan), b.fcmp_unordered("uno", x, x)), nan)
+            else:
+                cmp = b.icmp_unsigned if dt in UNSIGNED else b.icmp_signed
+                take = cmp(">" if r.op == "argmax" else "<", x, cur)
+                first = b.icmp_signed("==", pos, I64(0))
+                take = b.or_(take, first)
+            b.store(b.select(take, x, cur), acc)
+            b.store(b.select(take, pos, b.load(idx)), idx)
+
+    def entry_alloca(self, ty):
+        with self.b.goto_block(self.entry):
+            return self.b.alloca(ty)
+
+    def store(self, st) -> None:
+        b = self.b
+        dt = self.k.buffers[st.buf].dtype
+        v = self.ops.to_mem(dt, self.value(st.value))
+        ptr = b.gep(self.ptrs[st.buf], [self.index(st.index)], source_etype=mem_type(dt))
+        b.store(v, ptr)
+
+    # -- the function ------------------------------------------------------------------------------
+    def generate(self) -> None:
+        k = self.k
+        nb = len(k.buffers)
+        body_ty = ir.FunctionType(ir.VoidType(), [PTR] * nb + [I64, I64])
+        fn = ir.Function(self.module, body_ty, k.name + "_body")
+        fn.linkage = "internal"
+        for a in fn.args[:nb]:
+            a.add_attribute("noalias")
+        self.entry = fn.append_basic_block("entry")
+        start_bb = fn.append_basic_block("start")
+        self.b = ir.IRBuilder(start_bb)
+        self.ops = Ops(self.b, self.module)
+        self.ptrs = fn.args[:nb]
+        start, end = fn.args[nb], fn.args[nb + 1]
+        outer = list(k.outer)
+
+        def row():
+            self.accs = {}
+            for reds in k.stages:
+                self.stage(reds)
+            if k.inner_stores:
+                self.nest(list(k.inner), lambda: [self.store(s) for s in k.inner_stores])
+            for s in k.outer_stores:
+                self.store(s)
+        if outer:
+            self.nest(outer, row, first_range=(start, end))
+        else:
+            self.scopes.append({})
+            row()
+            self.scopes.pop()
+        self.b.ret_void()
+        with self.b.goto_block(self.entry):
+            self.b.branch(start_bb)
+
+        wrapper = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), k.name)
+        wb = ir.IRBuilder(wrapper.append_basic_block("entry"))
+        bufs = wrapper.args[0]
+        ptrs = [wb.load(wb.gep(bufs, [I64(i)], source_etype=PTR), typ=PTR) for i in range(nb)]
+        wb.call(fn, ptrs + [wrapper.args[1], wrapper.args[2]])
+        wb.ret_void()
+
+
+def outer_extent(k: Kernel) -> int:
+    """Iterations of the first outer loop: the range the runtime splits across threads."""
+    return k.outer[0].size if k.outer else 1
+
+
+def generate_module(kernels, name: str = "minicomp") -> tuple[str, list[Kernel]]:
+    """LLVM IR text for all kernels of a graph; returns (text, the collapsed kernels)."""
+    module = ir.Module(name)
+    out = []
+    for k in kernels:
+        k = collapse(k)
+        KernelCodegen(module, k).generate()
+        out.append(k)
+    return str(module), out

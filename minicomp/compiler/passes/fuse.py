@@ -1,0 +1,147 @@
+"""Fusion: rewrite the graph into kernels (plus the ops that run in torch).
+
+Assumes: a simplified graph; ctx.kernel_ops names the pointwise/reduction ops the backend's code
+generator has (None: the interpret backend, which runs no kernels -- then this pass does nothing).
+Guarantees: every value is computed by exactly one `kernel` node or torch op; a value is written to
+memory only if it is a graph output, a torch op's operand, used by a reduction of another row shape,
+or shared by several kernels (rematerialize.py may then choose to recompute it instead).
+The fusion report (ctx.fusion) lists the kernels and every producer->consumer pair not fused, with why.
+"""
+from __future__ import annotations
+
+from ...ir import OPS, Graph, Node
+from ...ir.kernel import format_kernel, walk
+from ..schedule import KernelStep, Schedule, required_buffers, schedule
+
+
+def shared_values(sch: Schedule) -> dict:
+    """Values without a buffer that several kernels inline: node -> the kernel names."""
+    where: dict = {}
+    for step in sch.steps:
+        if isinstance(step, KernelStep):
+            for key in step.builder.values:
+                node_id = key[0]
+                where.setdefault(node_id, set()).add(step.builder.name)
+    return {nid: ks for nid, ks in where.items() if len(ks) > 1}
+
+
+def conservative_schedule(graph: Graph, kernel_ops) -> tuple[Schedule, set]:
+    """Schedule where every value shared by two kernels is stored once (no recomputation).
+    Returns the schedule and the set of values stored only because they are shared."""
+    M, why, views = required_buffers(graph, kernel_ops)
+    shared_only: set = set()
+    by_id = {id(n): n for n in graph.nodes}
+    while True:
+        sch = schedule(graph, M, why, views, kernel_ops)
+        new = [by_id[nid] for nid in shared_values(sch) if nid in by_id and by_id[nid] not in M
+               and OPS[by_id[nid].op].category in ("pointwise", "data")]
+        if not new:
+            return sch, shared_only
+        for n in new:
+            M.add(n)
+            why[n] = "shared by several kernels"
+            shared_only.add(n)
+
+
+def build_graph(graph: Graph, sch: Schedule) -> Graph:
+    """The fused graph: torch ops as they were, each kernel one `kernel` node whose results are
+    picked with getitem. node.meta['kernel'] holds the Kernel, meta['io'] maps its buffers."""
+    remap: dict = {n: n for n in graph.inputs}
+    nodes: list = []
+    for n in graph.nodes:
+        if n.op == "constant":
+            remap[n] = n
+            nodes.append(n)
+    for step in sch.steps:
+        if not isinstance(step, KernelStep):
+            step.args = tuple(remap[a] for a in step.args)
+            remap[step] = step
+            nodes.append(step)
+            continue
+        b = step.builder
+        stored = [r for r in step.roots if r in sch.materialized]
+        kernel = b.build(set(stored))
+        kernel.comment = f"{' '.join(kernel.ops)} over {kernel.domain_str()}"
+        written = {s.buf for s in kernel.inner_stores + kernel.outer_stores}
+        args, io = [], []
+        for i, buf in enumerate(kernel.buffers):
+            if i in written:
+                io.append(("out", stored.index(buf.node)))
+            else:
+                io.append(("arg", len(args)))
+                args.append(remap[buf.node])
+        _account(kernel, written)
+        types = tuple(r.type for r in stored)
+        attrs = {"name": kernel.name, "kind": kernel.kind, "domain": kernel.domain_str(),
+                 "fused": " ".join(kernel.ops), "bytes": kernel.bytes_read + kernel.bytes_written}
+        kn = Node("kernel", args, attrs, types, meta={"kernel": kernel, "io": io})
+        nodes.append(kn)
+        for j, r in enumerate(stored):
+            g = Node("getitem", (kn,), {"index": j}, r.type)
+            nodes.append(g)
+            remap[r] = g
+    outputs = [None if o is None else remap[o] for o in graph.outputs]
+    return Graph(graph.name, graph.inputs, nodes, outputs, graph.constants)
+
+
+def _account(kernel, written) -> None:
+    """Bytes each buffer moves once, and flops per loop level, for the cost model and the report."""
+    from ...ir.types import itemsize
+    for i, buf in enumerate(kernel.buffers):
+        nbytes = buf.numel * itemsize(buf.dtype)
+        if i in written:
+            kernel.bytes_written += nbytes
+            kernel.writes.append(i)
+        else:
+            kernel.bytes_read += nbytes
+            kernel.reads.append(i)
+    outer = 1
+    for v in kernel.outer:
+        outer *= v.size
+    inner = 1
+    for v in kernel.inner:
+        inner *= v.size
+    roots = [r.value for st in kernel.stages for r in st] + [s.value for s in kernel.inner_stores]
+    per_inner = sum(OPS[e.op].cost for e in walk(roots) if e.op in OPS)
+    per_outer = sum(OPS[e.op].cost for e in walk([s.value for s in kernel.outer_stores]) if e.op in OPS)
+    kernel.flops = int(outer * (inner * per_inner + per_outer))
+
+
+def fusion_report(graph: Graph, fused: Graph, sch: Schedule) -> str:
+    lines = ["kernels:"]
+    for n in fused.nodes:
+        if n.op == "kernel":
+            k = n.meta["kernel"]
+            lines.append(f"  {k.name} [{k.kind} {k.domain_str()}] fused: {' '.join(k.ops)}; "
+                         f"read {k.bytes_read:,} B, wrote {k.bytes_written:,} B")
+    where = {}
+    for i, step in enumerate(sch.steps):
+        for r in (step.roots if isinstance(step, KernelStep) else [step]):
+            where[r] = step.builder.name if isinstance(step, KernelStep) else f"torch:{step.op}"
+    lines.append("not fused (producer -> consumer: why):")
+    for n in graph.nodes:
+        if n not in where:
+            continue
+        for a in n.args:
+            if a not in where or where[a] == where[n]:
+                continue
+            if where[a].startswith("torch:") or where[n].startswith("torch:"):
+                why = "runs in torch (extern / matmul)"
+            else:
+                why = sch.refusals.get((n, where[a])) or sch.why_materialized.get(a, "scheduled earlier")
+            lines.append(f"  {where[a]} -> {where[n]}: {a.op} -> {n.op}: {why}")
+    return "\n".join(lines) + "\n"
+
+
+def run(graph: Graph, ctx) -> Graph:
+    if ctx.kernel_ops is None:
+        return graph
+    sch, shared_only = conservative_schedule(graph, ctx.kernel_ops)
+    ctx.source_graph, ctx.schedule, ctx.shared_only = graph, sch, shared_only
+    fused = build_graph(graph, sch)
+    ctx.dump.stage("fusion_report", fusion_report(graph, fused, sch))
+    return fused
+
+
+def kernel_sources(fused: Graph) -> str:
+    return "\n".join(format_kernel(n.meta["kernel"]) for n in fused.nodes if n.op == "kernel")

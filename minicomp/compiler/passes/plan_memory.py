@@ -1,0 +1,53 @@
+"""Memory planning: intermediates written by kernels share one arena, reused by liveness.
+
+Assumes: a fused graph (kernel nodes whose results are picked by getitem). Guarantees: every kernel
+result that is not a graph output gets node.meta['arena_offset'] (64-byte aligned) such that no two
+values live at the same time overlap; ctx.arena_bytes is the arena's size = peak intermediate bytes.
+Graph outputs are fresh tensors each call (the caller keeps them).
+"""
+from __future__ import annotations
+
+from ...ir import Graph
+from ...ir.types import itemsize
+
+ALIGN = 64
+
+
+def run(graph: Graph, ctx) -> Graph:
+    if ctx.kernel_ops is None:
+        return graph
+    outputs = {o for o in graph.outputs if o is not None}
+    last_use = {}
+    for i, n in enumerate(graph.nodes):
+        for a in n.args:
+            last_use[a] = i
+    results: dict = {}
+    for n in graph.nodes:
+        if n.op == "getitem" and n.args[0].op == "kernel" and n not in outputs:
+            results.setdefault(n.args[0], []).append(n)
+    free: list[tuple[int, int]] = []       # (offset, size) blocks free for reuse
+    live: list[tuple[int, int, int]] = []  # (last use, offset, size)
+    top = 0
+    for i, n in enumerate(graph.nodes):
+        if n not in results:
+            continue
+        still = []
+        for end, off, size in live:  # values last read before this kernel runs are free
+            (free.append((off, size)) if end < i else still.append((end, off, size)))
+        live = still
+        for r in results[n]:
+            size = (max(1, r.type.numel) * itemsize(r.type.dtype) + ALIGN - 1) // ALIGN * ALIGN
+            free.sort(key=lambda b: b[1])
+            for j, (off, fsize) in enumerate(free):  # best fit: the smallest free block that holds it
+                if fsize >= size:
+                    free.pop(j)
+                    if fsize > size:
+                        free.append((off + size, fsize - size))
+                    break
+            else:
+                off = top
+                top += size
+            r.meta["arena_offset"] = off
+            live.append((max(last_use.get(r, i), i), off, size))
+    ctx.arena_bytes = top
+    return graph

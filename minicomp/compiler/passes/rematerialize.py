@@ -1,0 +1,77 @@
+"""Rematerialization for inference: recompute a cheap shared value instead of storing it.
+
+Assumes: fuse.py ran and left ctx.schedule, ctx.source_graph, and ctx.shared_only (values stored
+only because several kernels use them). Guarantees: each such value is recomputed inside every
+kernel that uses it when the flops that adds cost less time than the bytes it saves (a write and
+one read per consumer, less any new inputs the consumers must then load), at the backend's
+flops-per-byte balance point (ctx.flops_per_byte); ctx.remat_bytes_saved totals the saving.
+"""
+from __future__ import annotations
+
+from ...ir import OPS, Graph
+from ...ir.types import itemsize
+from ..schedule import KernelStep, required_buffers, schedule
+from .fuse import build_graph, fusion_report
+
+
+def _subtree(node, stored):
+    """Ops and leaf buffers `node` inlines when it is not stored itself."""
+    ops, leaves, seen, stack = [], set(), set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n is not node and (n in stored or n.op in ("input", "constant") or OPS[n.op].category in
+                              ("matmul", "extern", "tuple", "reduction")):
+            leaves.add(n)
+            continue
+        ops.append(n)
+        stack.extend(n.args)
+    return ops, leaves
+
+
+def _nbytes(n):
+    return n.type.numel * itemsize(n.type.dtype)
+
+
+def choose(sch, shared_only, flops_per_byte: float):
+    """The shared values worth recomputing, and the bytes that saves."""
+    readers: dict = {}
+    for step in sch.steps:
+        if isinstance(step, KernelStep):
+            for n in step.builder.buf_pos:
+                readers.setdefault(n, []).append(step.builder)
+    chosen, saved = set(), 0
+    for n in shared_only:
+        consumers = [b for b in readers.get(n, []) if n not in b.own]
+        k = len(consumers)
+        if k == 0:
+            continue
+        ops, leaves = _subtree(n, sch.materialized)
+        extra_flops = k * n.type.numel * sum(OPS[o.op].cost for o in ops if OPS[o.op].category == "pointwise")
+        new_loads = sum(_nbytes(leaf) for b in consumers for leaf in leaves if leaf not in b.buf_pos)
+        benefit = _nbytes(n) * (1 + k) - new_loads
+        if benefit > 0 and extra_flops <= flops_per_byte * benefit:
+            chosen.add(n)
+            saved += benefit
+    return chosen, saved
+
+
+def run(graph: Graph, ctx) -> Graph:
+    if ctx.kernel_ops is None or not getattr(ctx, "shared_only", None) or not ctx.options.remat:
+        ctx.remat_bytes_saved = 0
+        return graph
+    chosen, saved = choose(ctx.schedule, ctx.shared_only, ctx.flops_per_byte)
+    ctx.remat_bytes_saved = saved
+    if not chosen:
+        return graph
+    src = ctx.source_graph
+    M, why, views = required_buffers(src, ctx.kernel_ops)
+    M |= ctx.schedule.materialized - chosen - ctx.shared_only
+    why.update({n: r for n, r in ctx.schedule.why_materialized.items() if n in M})
+    sch = schedule(src, M, why, views, ctx.kernel_ops)
+    ctx.schedule = sch
+    fused = build_graph(src, sch)
+    ctx.dump.stage("fusion_report_after_remat", fusion_report(src, fused, sch))
+    return fused

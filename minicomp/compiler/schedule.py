@@ -1,0 +1,226 @@
+"""Scheduling: given which values live in memory, group the rest of the graph into kernels.
+
+The model is inline-by-default: a value without a buffer is recomputed inside every kernel that
+uses it (kernelize.py), so fusing a producer into a consumer costs nothing to decide. What this
+module decides is *grouping*: each value that must be stored (a graph output, an extern's operand,
+a reduction) joins the most recent compatible kernel, else starts one:
+  - a reduction joins a row kernel over the same (shape, reduced dims) -- softmax's max and sum,
+    layer_norm's mean and variance -- or turns a same-shape pointwise kernel into one;
+  - a stored value joins the row kernel whose reductions it uses (epilogue, inner or outer level),
+    else a kernel of its shape that reads what it reads (horizontal fusion);
+  - a kernel can only be joined if everything the newcomer loads is produced by earlier steps.
+Each refusal is recorded with its reason for the fusion report.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import OPS, Graph, Node
+from .kernelize import KernelBuilder, NotFusable
+
+TORCH_CATEGORIES = ("matmul", "extern", "tuple")
+VIEW_OPS = ("reshape", "permute", "expand", "slice")
+
+
+@dataclass
+class KernelStep:
+    builder: KernelBuilder
+    roots: list = field(default_factory=list)      # stored nodes (and reductions) in order added
+
+
+@dataclass
+class Schedule:
+    steps: list                  # Node (runs in torch: extern, matmul, view of a buffer) or KernelStep
+    materialized: set            # values with a buffer
+    refusals: dict               # (node, kernel name) -> reason
+    why_materialized: dict       # node -> reason
+
+
+def runs_in_torch(node: Node, kernel_ops) -> bool:
+    cat = OPS[node.op].category
+    if cat in TORCH_CATEGORIES:
+        return True
+    if cat in ("pointwise", "reduction") and (node.op not in kernel_ops or node.type.dtype in ("c64", "c128")
+                                              or any(a.type.dtype in ("c64", "c128") for a in node.args)):
+        return True
+    return False
+
+
+class Scheduler:
+    def __init__(self, graph: Graph, materialized: set, why: dict, kernel_ops):
+        self.graph, self.M, self.why, self.kernel_ops = graph, materialized, why, kernel_ops
+        self.steps: list = []
+        self.producer: dict = {}      # node -> step index that computes it
+        self.red_step: dict = {}      # reduction node -> step index
+        self.refusals: dict = {}
+        self.torch_views: set = set()
+        self.last_error: NotFusable | None = None
+
+    def has_buffer(self, node: Node) -> bool:
+        """In memory, contiguous: inputs, constants, stored values, results of torch ops (not torch
+        views of them, which kernels read through as index math)."""
+        if node.op in ("input", "constant") or node in self.M:
+            return True
+        return node in self.producer and node not in self.torch_views and not isinstance(
+            self.steps[self.producer[node]], KernelStep)
+
+    # -- dependencies --------------------------------------------------------------------------------
+    def deps(self, node: Node) -> set:
+        """Step indices whose results `node` needs, looking through values it would inline."""
+        out, seen, stack = set(), set(), list(node.args)
+        while stack:
+            a = stack.pop()
+            if a in seen:
+                continue
+            seen.add(a)
+            if a in self.producer and (self.has_buffer(a) or a in self.red_step):
+                out.add(self.producer[a])
+            elif a in self.red_step:
+                out.add(self.red_step[a])
+            elif a.op not in ("input", "constant"):
+                stack.extend(a.args)
+        return out
+
+    # -- placing -----------------------------------------------------------------------------------
+    def _try(self, step_i: int, node: Node, add) -> bool:
+        step = self.steps[step_i]
+        mark = step.builder.mark()
+        try:
+            add(step.builder, node)
+        except NotFusable as e:
+            step.builder.reset(mark)
+            self.refusals[(node, step.builder.name)] = e.reason
+            self.last_error = e
+            return False
+        step.roots.append(node)
+        self.producer[node] = step_i
+        if OPS[node.op].category == "reduction":
+            self.red_step[node] = step_i
+        return True
+
+    def _new_kernel(self, node: Node, shape, dims, add):
+        name = f"k{sum(isinstance(s, KernelStep) for s in self.steps)}"
+        self.steps.append(KernelStep(KernelBuilder(name, shape, dims, self.has_buffer)))
+        if not self._try(len(self.steps) - 1, node, add):
+            self.steps.pop()
+            raise self.last_error  # names the value to materialize
+
+    def _candidates(self, node: Node):
+        """Kernel steps after every step `node` depends on, most recent first."""
+        first = max(self.deps(node), default=0)  # a kernel that produced a dependency may take it in
+        for i in range(len(self.steps) - 1, first - 1, -1):
+            if isinstance(self.steps[i], KernelStep):
+                yield i
+
+    def place_reduction(self, node: Node) -> None:
+        shape = node.args[0].type.shape
+        dims = tuple(node.attrs["dims"] if "dims" in node.attrs else (node.attrs["dim"],))
+        add = KernelBuilder.add_reduction
+        for i in self._candidates(node):
+            b = self.steps[i].builder
+            if (b.shape, b.reduce_dims) == (shape, dims) and self._try(i, node, add):
+                return
+            if b.shape == shape and not b.reduce_dims and self._convert(i, dims) and self._try(i, node, add):
+                return
+            self.refusals.setdefault((node, b.name), f"kernel {b.name} iterates {b.shape} over dims "
+                                                     f"{b.reduce_dims}, not {shape} over {dims}")
+        self._new_kernel(node, shape, dims, add)
+
+    def _convert(self, i: int, dims) -> bool:
+        """Re-open a pointwise kernel as a row kernel reducing `dims` (its stores become inner stores)."""
+        old = self.steps[i]
+        nb = KernelBuilder(old.builder.name, old.builder.shape, dims, self.has_buffer)
+        try:
+            for r in old.roots:
+                nb.add_store(r)
+        except NotFusable:
+            return False
+        old.builder = nb
+        return True
+
+    def place_store(self, node: Node) -> None:
+        mine = self.deps(node)
+        for i in self._candidates(node):
+            b = self.steps[i].builder
+            if b.level_of(node) is None:
+                self.refusals.setdefault((node, b.name), f"shape {node.type.shape} does not fit kernel "
+                                                         f"{b.name}'s domain {b.shape}")
+                continue
+            related = i in mine or any(self.has_buffer(n) and n in b.buf_pos for n in _leaves(node, self))
+            if not related:
+                self.refusals.setdefault((node, b.name), f"shares no input with kernel {b.name}")
+                continue
+            if self._try(i, node, KernelBuilder.add_store):
+                return
+        self._new_kernel(node, node.type.shape, (), KernelBuilder.add_store)
+
+    def run(self) -> Schedule:
+        for node in self.graph.nodes:
+            if node.op == "constant":
+                continue
+            if runs_in_torch(node, self.kernel_ops) or node in self.torch_views:
+                self.steps.append(node)
+                self.producer[node] = len(self.steps) - 1
+            elif OPS[node.op].category == "reduction":
+                self.place_reduction(node)
+            elif node in self.M:
+                self.place_store(node)
+        return Schedule(self.steps, self.M, self.refusals, self.why)
+
+
+def _leaves(node: Node, sch: Scheduler) -> set:
+    """The buffers `node` would load if inlined."""
+    out, seen, stack = set(), set(), list(node.args)
+    while stack:
+        a = stack.pop()
+        if a in seen:
+            continue
+        seen.add(a)
+        if sch.has_buffer(a):
+            out.add(a)
+        else:
+            stack.extend(a.args)
+    return out
+
+
+def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
+    """Values that must live in memory whatever the fusion: graph outputs and the operands of ops
+    that run in torch. A view of a buffer needed there runs as a torch view (no copy) instead."""
+    M, why, views = set(), {}, set()
+
+    def need(node: Node, reason: str):
+        if node.op in ("input", "constant") or runs_in_torch(node, kernel_ops):
+            return
+        chain, base = [], node
+        while base.op in VIEW_OPS:
+            chain.append(base)
+            base = base.args[0]
+        if chain and (base.op in ("input", "constant") or runs_in_torch(base, kernel_ops)):
+            views.update(chain)
+            return
+        if node not in M:
+            M.add(node)
+            why[node] = reason
+    for o in graph.outputs:
+        if o is not None:
+            need(o, "graph output")
+    for n in graph.nodes:
+        if runs_in_torch(n, kernel_ops):
+            for a in n.args:
+                need(a, f"operand of {n.op} (runs in torch)")
+    return M, why, views
+
+
+def schedule(graph: Graph, M: set, why: dict, views: set, kernel_ops, max_restarts: int = 10_000) -> Schedule:
+    """Schedule, materializing values the kernels cannot share without memory (restarting each time)."""
+    for _ in range(max_restarts):
+        sch = Scheduler(graph, M, why, kernel_ops)
+        sch.torch_views = views
+        try:
+            return sch.run()
+        except NotFusable as e:
+            if e.node in M:
+                raise
+            M.add(e.node)
+            why[e.node] = e.reason
+    raise RuntimeError("minicomp: scheduling did not converge")

@@ -1,0 +1,253 @@
+"""Index expressions: the small affine language kernels address memory with.
+
+An Expr is  const + sum(coeff * atom)  where an atom is a loop variable, a floor-division or modulo of
+an Expr by a positive constant (what a reshape turns into), or a loaded integer value (gather).
+Every loop variable carries its range [0, size), which lets `//` and `%` simplify away:
+(8*i + j) // 8 == i when 0 <= j < 8, and (8*i + j) % 8 == j. Simplification happens on
+construction, so two equal indices print the same and compare equal.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+
+class Var:
+    __slots__ = ("name", "size")
+
+    def __init__(self, name: str, size: int):
+        self.name, self.size = name, size
+
+    def __repr__(self):
+        return self.name
+
+    def key(self):
+        return ("v", self.name)
+
+
+class _Op:
+    """floordiv / mod of an Expr by a positive constant; `data` is a loaded index value (gather)."""
+    __slots__ = ("kind", "expr", "c")
+
+    def __init__(self, kind: str, expr, c):
+        self.kind, self.expr, self.c = kind, expr, c
+
+    def __repr__(self):
+        if self.kind == "data":
+            return f"data({self.c})"
+        return f"(({self.expr}) {'//' if self.kind == 'div' else '%'} {self.c})"
+
+    def key(self):
+        return (self.kind, self.expr.key() if self.expr is not None else None, self.c if self.kind != "data" else id(self.c))
+
+
+class Expr:
+    __slots__ = ("const", "terms")  # terms: tuple of (atom, coeff) sorted by atom key, no zero coeffs
+
+    def __init__(self, const: int = 0, terms=()):
+        merged: dict = {}
+        atoms: dict = {}
+        for atom, c in terms:
+            k = atom.key()
+            merged[k] = merged.get(k, 0) + c
+            atoms[k] = atom
+        # c*(X // c) + X % c == X: undo a split that a later reshape merged back
+        for k, atom in list(atoms.items()):
+            if k in merged and isinstance(atom, _Op) and atom.kind == "mod":
+                dk = ("div", atom.expr.key(), atom.c)
+                if dk in merged and merged[k] != 0 and merged[dk] == merged[k] * atom.c:
+                    coef = merged.pop(k)
+                    merged.pop(dk)
+                    for a2, c2 in atom.expr.terms:
+                        k2 = a2.key()
+                        merged[k2] = merged.get(k2, 0) + c2 * coef
+                        atoms[k2] = a2
+                    const += atom.expr.const * coef
+        self.const = const
+        self.terms = tuple((atoms[k], merged[k]) for k in sorted(merged, key=repr) if merged[k] != 0)
+
+    @staticmethod
+    def of(x: Union[int, Var, "_Op", "Expr"]) -> "Expr":
+        if isinstance(x, Expr):
+            return x
+        if isinstance(x, int):
+            return Expr(x)
+        return Expr(0, ((x, 1),))
+
+    def key(self):
+        return (self.const, tuple((a.key(), c) for a, c in self.terms))
+
+    def __eq__(self, other):
+        return isinstance(other, (Expr, int)) and self.key() == Expr.of(other).key()
+
+    def __hash__(self):
+        return hash(self.key())
+
+    def __repr__(self):
+        parts = [(f"{c}*{a}" if c != 1 else repr(a)) for a, c in self.terms]
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts)
+
+    # -- arithmetic --------------------------------------------------------------------------------
+    def __add__(self, other):
+        o = Expr.of(other)
+        return Expr(self.const + o.const, self.terms + o.terms)
+
+    __radd__ = __add__
+
+    def __mul__(self, k: int):
+        assert isinstance(k, int), "index expressions are affine: multiply by constants only"
+        return Expr(self.const * k, tuple((a, c * k) for a, c in self.terms))
+
+    __rmul__ = __mul__
+
+    def __sub__(self, other):
+        return self + Expr.of(other) * -1
+
+    def range(self) -> tuple[int, int]:
+        """Inclusive [lo, hi] bounds from the variables' ranges (data atoms are unbounded)."""
+        lo = hi = self.const
+        for a, c in self.terms:
+            alo, ahi = _atom_range(a)
+            lo += min(c * alo, c * ahi)
+            hi += max(c * alo, c * ahi)
+        return lo, hi
+
+    def floordiv(self, d: int) -> "Expr":
+        assert d > 0
+        if d == 1:
+            return self
+        # split terms into a part divisible by d and a remainder; if the remainder stays in [0, d)
+        # after pulling out whole multiples from the constant, the division distributes exactly.
+        q_terms = [(a, c // d) for a, c in self.terms if c % d == 0]
+        r_terms = [(a, c) for a, c in self.terms if c % d != 0]
+        q_const, r_const = divmod(self.const, d)
+        rest = Expr(r_const, tuple(r_terms))
+        lo, hi = rest.range()
+        if lo >= 0 and hi < d:
+            return Expr(q_const, tuple(q_terms))
+        split = self._split(d)
+        if split is not None:  # (c*X + r) // d == X // (d/c) when 0 <= r < c and c divides d
+            c, x, _ = split
+            return x.floordiv(d // c)
+        return Expr(q_const, tuple(q_terms) + ((_Op("div", rest, d), 1),))
+
+    def _split(self, d: int):
+        """Find c > 1 dividing d with self == c*X + r, 0 <= r < c; returns (c, X, r) or None."""
+        for c in sorted({abs(c) for _, c in self.terms if c > 1 and d % c == 0}, reverse=True):
+            big = [(a, k // c) for a, k in self.terms if k % c == 0]
+            small = [(a, k) for a, k in self.terms if k % c != 0]
+            q, r0 = divmod(self.const, c)
+            r = Expr(r0, tuple(small))
+            lo, hi = r.range()
+            if lo >= 0 and hi < c:
+                return c, Expr(q, tuple(big)), r
+        return None
+
+    def mod(self, d: int) -> "Expr":
+        assert d > 0
+        if d == 1:
+            return Expr(0)
+        r_terms = tuple((a, c % d) for a, c in self.terms if c % d != 0)
+        rest = Expr(self.const % d, r_terms)
+        lo, hi = rest.range()
+        if lo >= 0 and hi < d:
+            return rest
+        split = rest._split(d)
+        if split is not None:  # (c*X + r) % d == c*(X % (d/c)) + r
+            c, x, r = split
+            return x.mod(d // c) * c + r
+        return Expr(0, ((_Op("mod", rest, d), 1),))
+
+    def is_affine(self) -> bool:
+        return all(isinstance(a, Var) for a, _ in self.terms)
+
+    def coeff(self, v: Var) -> int:
+        return sum(c for a, c in self.terms if isinstance(a, Var) and a.name == v.name)
+
+    def vars(self) -> set:
+        out = set()
+        for a, _ in self.terms:
+            if isinstance(a, Var):
+                out.add(a.name)
+            elif a.expr is not None:
+                out |= a.expr.vars()
+        return out
+
+    def substitute(self, mapping: dict) -> "Expr":
+        """Replace variables (by name) with Exprs, re-simplifying divisions and moduli."""
+        out = Expr(self.const)
+        for a, c in self.terms:
+            if isinstance(a, Var):
+                out = out + (Expr.of(mapping[a.name]) if a.name in mapping else Expr.of(a)) * c
+            elif a.kind == "div":
+                out = out + a.expr.substitute(mapping).floordiv(a.c) * c
+            elif a.kind == "mod":
+                out = out + a.expr.substitute(mapping).mod(a.c) * c
+            else:
+                out = out + Expr.of(a) * c
+        return out
+
+
+def map_data(e: Expr, fn) -> Expr:
+    """Rebuild `e` with every loaded index value v replaced by fn(v) (rewriting a kernel's exprs)."""
+    out = Expr(e.const)
+    for a, c in e.terms:
+        if isinstance(a, Var):
+            out = out + Expr.of(a) * c
+        elif a.kind == "data":
+            out = out + data(fn(a.c)) * c
+        else:
+            inner = map_data(a.expr, fn)
+            out = out + (inner.floordiv(a.c) if a.kind == "div" else inner.mod(a.c)) * c
+    return out
+
+
+def data_values(e: Expr) -> list:
+    """The loaded index values (kernel expressions) inside `e`."""
+    out = []
+    for a, _ in e.terms:
+        if isinstance(a, _Op):
+            if a.kind == "data":
+                out.append(a.c)
+            else:
+                out += data_values(a.expr)
+    return out
+
+
+def data(value) -> Expr:
+    """An index read from memory (gather, index_select): `value` is a kernel expression of int type."""
+    return Expr(0, ((_Op("data", None, value), 1),))
+
+
+def _atom_range(a):
+    if isinstance(a, Var):
+        return 0, a.size - 1
+    if a.kind == "div":
+        lo, hi = a.expr.range()
+        return lo // a.c, hi // a.c
+    if a.kind == "mod":
+        return 0, a.c - 1
+    return -(2 ** 62), 2 ** 62
+
+
+def strides_of(shape) -> tuple[int, ...]:
+    """Contiguous (row-major) strides."""
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
+def linear(idx, shape) -> Expr:
+    """Flat row-major offset of a multi-index into a contiguous tensor of `shape`."""
+    total = Expr(0)
+    for e, st in zip(idx, strides_of(shape)):
+        total = total + Expr.of(e) * st
+    return total
+
+
+def unravel(flat: Expr, shape) -> list[Expr]:
+    """The multi-index of a flat row-major offset (a reshape's source index)."""
+    return [flat.floordiv(st).mod(s) if s > 1 else Expr(0) for st, s in zip(strides_of(shape), shape)]

@@ -1,0 +1,1 @@
+"""Runtimes: load compiled artifacts and run programs. They import nothing else of minicomp."""

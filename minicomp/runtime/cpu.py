@@ -1,0 +1,178 @@
+"""CPU runtime: JIT LLVM IR with llvmlite (cached on disk as object code) and run programs.
+
+A program is a list of steps prepared at compile time -- kernel launches (a function pointer, the
+env slots of its buffers, the outer extent to split across threads) and torch calls (externs,
+matmuls, views) -- so a call does no Python work beyond filling pointer arrays and looping.
+Kernels split their outer range across a persistent thread pool: ctypes releases the GIL, so the
+chunks really run in parallel.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import llvmlite
+import llvmlite.binding as llvm
+import torch
+
+from . import cache
+
+_KERNEL_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+_lock = threading.Lock()
+_state: dict = {}
+PARALLEL_MIN_WORK = 1 << 15  # elements below which threading costs more than it gains
+VERSION = "minicomp-cpu-1"
+
+
+def _target_machine():
+    with _lock:
+        if "tm" not in _state:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            target = llvm.Target.from_triple(llvm.get_process_triple())
+            _state["tm"] = target.create_target_machine(
+                cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
+        return _state["tm"]
+
+
+def _pool() -> ThreadPoolExecutor | None:
+    n = os.cpu_count() or 1
+    if n < 2:
+        return None
+    with _lock:
+        if "pool" not in _state:
+            _state["pool"] = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="minicomp")
+        return _state["pool"]
+
+
+def optimize(ir_text: str) -> str:
+    """The O3-optimized IR (tests look for vector types in it)."""
+    tm = _target_machine()
+    mod = llvm.parse_assembly(ir_text)
+    mod.verify()
+    pb = llvm.create_pass_builder(tm, llvm.PipelineTuningOptions(speed_level=3))
+    pb.getModulePassManager().run(mod, pb)
+    return str(mod)
+
+
+class JitModule:
+    """Machine code for one LLVM module; `address(name)` of its functions. `cached` says whether
+    the object code came from the disk cache."""
+
+    def __init__(self, ir_text: str):
+        tm = _target_machine()
+        k = cache.key(VERSION, llvmlite.__version__, llvm.get_process_triple(), llvm.get_host_cpu_name(),
+                      llvm.get_host_cpu_features().flatten(), ir_text)
+        obj = cache.get("cpu", k)
+        self.cached = obj is not None
+        self.engine = None
+        if obj is not None:
+            try:
+                self.engine = self._load(tm, obj)
+            except Exception:  # a corrupt entry: recompile and overwrite it
+                cache.drop("cpu", k)
+                self.cached = False
+        if self.engine is None:
+            mod = llvm.parse_assembly(optimize(ir_text))
+            obj = tm.emit_object(mod)
+            self.engine = self._load(tm, obj)
+            cache.put("cpu", k, obj)
+
+    @staticmethod
+    def _load(tm, obj: bytes):
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
+        engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        engine.finalize_object()
+        return engine
+
+    def address(self, name: str) -> int:
+        addr = self.engine.get_function_address(name)
+        if not addr:
+            raise RuntimeError(f"minicomp: compiled module has no function {name}")
+        return addr
+
+
+class KernelLaunch:
+    """One kernel: fills its pointer array from env slots and runs the outer range in chunks."""
+
+    def __init__(self, fn_addr: int, slots: list, extent: int, work: int, name: str):
+        self.fn = _KERNEL_T(fn_addr)
+        self.slots = slots
+        self.ptrs = (ctypes.c_void_p * max(len(slots), 1))()
+        self.ptrs_addr = ctypes.addressof(self.ptrs)
+        self.extent = extent
+        self.name = name
+        pool = _pool()
+        n = os.cpu_count() or 1
+        self.chunks = None
+        if pool is not None and work >= PARALLEL_MIN_WORK and extent >= 2:
+            parts = min(n, extent)
+            bounds = [extent * i // parts for i in range(parts + 1)]
+            self.chunks = [(bounds[i], bounds[i + 1]) for i in range(parts)]
+            self.pool = pool
+
+    def __call__(self, env: list) -> None:
+        ptrs = self.ptrs
+        for i, s in enumerate(self.slots):
+            ptrs[i] = env[s].data_ptr()
+        if self.chunks is None:
+            self.fn(self.ptrs_addr, 0, self.extent)
+            return
+        futures = [self.pool.submit(self.fn, self.ptrs_addr, lo, hi) for lo, hi in self.chunks[1:]]
+        lo, hi = self.chunks[0]
+        self.fn(self.ptrs_addr, lo, hi)
+        for f in futures:
+            f.result()
+
+
+class TorchCall:
+    """A step that runs in torch: fn(*env[args]) -> env[out]; results kernels read are made contiguous."""
+
+    def __init__(self, fn, args: list, out: int, contiguous: bool):
+        self.fn, self.args, self.out, self.contiguous = fn, args, out, contiguous
+
+    def __call__(self, env: list) -> None:
+        r = self.fn(*[env[a] for a in self.args])
+        if self.contiguous and isinstance(r, torch.Tensor) and not r.is_contiguous():
+            r = r.contiguous()
+        env[self.out] = r
+
+
+class Program:
+    """env layout: [inputs..., constants..., one slot per step result]. `buffers` lists the slots
+    kernels write: (slot, shape, dtype, arena_offset or None for a fresh output each call)."""
+
+    def __init__(self, n_inputs: int, constants: list, steps: list, buffers: list, outputs: list,
+                 arena_bytes: int, n_slots: int, device="cpu"):
+        self.n_inputs, self.steps, self.outputs = n_inputs, steps, outputs
+        self.n_slots = n_slots
+        self.template = [None] * n_slots
+        for i, c in enumerate(constants):
+            self.template[n_inputs + i] = c.contiguous()
+        self.arena = torch.empty(arena_bytes, dtype=torch.uint8, device=device) if arena_bytes else None
+        self.fresh = []
+        for slot, shape, dtype, offset in buffers:
+            if offset is None:
+                self.fresh.append((slot, shape, dtype))
+            else:
+                nbytes = max(1, torch.Size(shape).numel()) * dtype.itemsize
+                view = self.arena[offset:offset + nbytes].view(dtype)[:torch.Size(shape).numel()].view(shape)
+                self.template[slot] = view
+        arena_ptr = self.arena.data_ptr() if self.arena is not None else None
+        self.arena_range = (arena_ptr, arena_ptr + arena_bytes) if arena_ptr else None
+
+    def __call__(self, *inputs):
+        env = list(self.template)
+        for i, x in enumerate(inputs):
+            env[i] = x if x.is_contiguous() else x.contiguous()
+        for slot, shape, dtype in self.fresh:
+            env[slot] = torch.empty(shape, dtype=dtype)
+        for step in self.steps:
+            step(env)
+        outs = [None if o is None else env[o] for o in self.outputs]
+        if self.arena_range is not None:  # never hand out memory the next call overwrites
+            lo, hi = self.arena_range
+            outs = [o.clone() if o is not None and lo <= o.data_ptr() < hi else o for o in outs]
+        return outs
