@@ -36,7 +36,7 @@ class KernelBuilder:
     has_buffer(node) -> bool says whether a node lives in memory outside this kernel (inputs,
     externs, materialized values); `own` are the nodes this kernel stores (inlined, not loaded)."""
 
-    def __init__(self, name: str, shape: tuple, reduce_dims: tuple, has_buffer):
+    def __init__(self, name: str, shape: tuple, reduce_dims: tuple, has_buffer, order=None):
         self.name, self.shape, self.reduce_dims = name, tuple(shape), tuple(reduce_dims)
         self.has_buffer = has_buffer
         vs = _vars("i", shape)
@@ -52,7 +52,8 @@ class KernelBuilder:
         self.stores: list[tuple[Node, str]] = []  # (node, "inner" | "outer")
         self.store_list: list[Store] = []
         self.own: set = set()
-        self.ops: list[str] = []
+        self.ops: list = []      # the IR nodes computed inside (inlined or reduced)
+        self.order = order or {}  # node -> position in the graph, to list fused ops in program order
         self.guard = None
 
     # -- index spaces ------------------------------------------------------------------------------
@@ -111,7 +112,7 @@ class KernelBuilder:
             raise NotFusable(node, "reduction computed in another kernel", materialize=True)
         if cat not in ("pointwise", "view", "creation", "data") or node.op == "constant":
             raise NotFusable(node, f"{node.op} has no buffer", materialize=True)
-        self.ops.append(node.op)
+        self.ops.append(node)
         shape = node.type.shape
         if cat == "pointwise":
             args = []
@@ -205,7 +206,7 @@ class KernelBuilder:
         for e in _reachable_accs(value):
             stage = max(stage, e.attrs["red"].stage + 1)
         self.reductions[node] = Reduction(node.op, value, node.type.dtype, stage)
-        self.ops.append(node.op)
+        self.ops.append(node)
 
     def add_store(self, node: Node) -> None:
         level = self.level_of(node)
@@ -227,7 +228,9 @@ class KernelBuilder:
             while len(stages) <= r.stage:
                 stages.append([])
             stages[r.stage].append(r)
-        k = Kernel(self.name, tuple(self.outer), tuple(self.inner), self.buffers, stages, ops=list(self.ops))
+        fused = sorted(set(self.ops), key=lambda n: self.order.get(n, 0))
+        ops = [n.op for n in fused if OPS[n.op].category in ("pointwise", "reduction", "data")]
+        k = Kernel(self.name, tuple(self.outer), tuple(self.inner), self.buffers, stages, ops=ops)
         for node, level, idx, value in self.stores:
             if node in store_nodes:
                 st = Store(self.buffer(node), linear(idx, node.type.shape), value)

@@ -55,6 +55,7 @@ class Scheduler:
         self.refusals: dict = {}
         self.torch_views: set = set()
         self.last_error: NotFusable | None = None
+        self.order = {n: i for i, n in enumerate(graph.nodes)}
 
     def has_buffer(self, node: Node) -> bool:
         """In memory, contiguous: inputs, constants, stored values, results of torch ops (not torch
@@ -100,7 +101,7 @@ class Scheduler:
 
     def _new_kernel(self, node: Node, shape, dims, add):
         name = f"k{sum(isinstance(s, KernelStep) for s in self.steps)}"
-        self.steps.append(KernelStep(KernelBuilder(name, shape, dims, self.has_buffer)))
+        self.steps.append(KernelStep(KernelBuilder(name, shape, dims, self.has_buffer, self.order)))
         if not self._try(len(self.steps) - 1, node, add):
             self.steps.pop()
             raise self.last_error  # names the value to materialize
@@ -129,7 +130,7 @@ class Scheduler:
     def _convert(self, i: int, dims) -> bool:
         """Re-open a pointwise kernel as a row kernel reducing `dims` (its stores become inner stores)."""
         old = self.steps[i]
-        nb = KernelBuilder(old.builder.name, old.builder.shape, dims, self.has_buffer)
+        nb = KernelBuilder(old.builder.name, old.builder.shape, dims, self.has_buffer, self.order)
         try:
             for r in old.roots:
                 nb.add_store(r)

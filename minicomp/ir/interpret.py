@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .graph import Graph
+from .kernel_interpret import kernel_node_ref
 from .ops import OPS
 
 
@@ -20,6 +21,8 @@ def prepare(graph: Graph):
         if n.op == "constant":
             value = graph.constants[n.attrs["name"]]
             steps.append((None, value, None))
+        elif n.op == "kernel":  # a fused graph: run the kernel's own IR with torch
+            steps.append((lambda xs, a, d, n=n: kernel_node_ref(n, xs, d), tuple(slot[a] for a in n.args), None))
         else:
             steps.append((OPS[n.op].ref, tuple(slot[a] for a in n.args), n.attrs))
     outs = tuple(None if o is None else slot[o] for o in graph.outputs)

@@ -1,0 +1,201 @@
+"""Fusion, rematerialization and memory planning: IR text in, fused IR text out, and the fused
+graph (run through the kernel interpreter) agrees with the original graph under `interpret`."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minicomp
+from minicomp.compiler.backends import kernel_ops
+from minicomp.compiler.capture import Context
+from minicomp.compiler.debug import Dumper
+from minicomp.compiler.pipeline import run_passes
+from minicomp.ir import DTYPES, interpret, parse
+from minicomp.options import Options
+from minicomp.report import Report
+
+
+def compile_text(text, remat=True):
+    opts = Options(backend="cpu", remat=remat, verify=True)
+    ctx = Context(opts, Dumper(opts, "t"), Report(), "t")
+    ctx.kernel_ops, ctx.flops_per_byte = kernel_ops("cpu")
+    return run_passes(parse(text), ctx), ctx
+
+
+def agree(text, fused):
+    g = parse(text)
+    gen = torch.Generator().manual_seed(0)
+    ins = [torch.randn(n.type.shape, generator=gen).to(DTYPES[n.type.dtype]) for n in g.inputs]
+    for want, got in zip(interpret(g, *ins), interpret(fused, *ins)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def kernels(graph):
+    return [n for n in graph.nodes if n.op == "kernel"]
+
+
+SOFTMAX = """graph softmax(%x: f32[8,16]) -> (f32[8,16]) {
+  %0: f32[8,1] = amax %x [dims=(1,), keepdim=true]
+  %1: f32[8,16] = sub %x %0
+  %2: f32[8,16] = exp %1
+  %3: f32[8,1] = sum %2 [dims=(1,), keepdim=true]
+  %4: f32[8,16] = div %2 %3
+  return %4
+}
+"""
+
+
+def test_softmax_is_one_row_kernel_text():
+    fused, _ = compile_text(SOFTMAX)
+    assert str(fused) == """graph softmax(%x: f32[8,16]) -> (f32[8,16]) {
+  %0: (f32[8,16]) = kernel %x [bytes=1024, domain="8 x [16]", fused="amax sub exp sum div", kind="row", name="k0"]
+  %1: f32[8,16] = getitem %0 [index=0]
+  return %1
+}
+"""
+    agree(SOFTMAX, fused)
+
+
+COS_COS = """graph f(%x: f32[4,5]) -> (f32[4,5]) {
+  %0: f32[4,5] = cos %x
+  %1: f32[4,5] = cos %0
+  return %1
+}
+"""
+
+
+def test_cos_cos_is_one_pointwise_kernel_text():
+    fused, _ = compile_text(COS_COS)
+    assert str(fused) == """graph f(%x: f32[4,5]) -> (f32[4,5]) {
+  %0: (f32[4,5]) = kernel %x [bytes=160, domain="4x5", fused="cos cos", kind="pointwise", name="k0"]
+  %1: f32[4,5] = getitem %0 [index=0]
+  return %1
+}
+"""
+    agree(COS_COS, fused)
+
+
+VIEWS = """graph f(%x: f32[6,8], %y: f32[4]) -> (f32[8,4]) {
+  %0: f32[8,6] = permute %x [dims=(1, 0)]
+  %1: f32[8,4] = slice %0 [dim=1, end=5, start=1, step=1]
+  %2: f32[8,4] = expand %y [shape=(8, 4)]
+  %3: f32[8,4] = mul %1 %2
+  return %3
+}
+"""
+
+
+def test_views_become_index_math_not_copies():
+    fused, _ = compile_text(VIEWS)
+    ks = kernels(fused)
+    assert len(ks) == 1
+    k = ks[0].meta["kernel"]
+    assert [b.name for b in k.buffers][:2] == ["x", "y"]  # reads the inputs themselves, no copied views
+    agree(VIEWS, fused)
+
+
+RESHAPES = """graph f(%x: f32[4,6]) -> (f32[3,8]) {
+  %0: f32[2,2,6] = reshape %x [shape=(2, 2, 6)]
+  %1: f32[2,6,2] = permute %0 [dims=(0, 2, 1)]
+  %2: f32[3,8] = reshape %1 [shape=(3, 8)]
+  %3: f32[3,8] = exp %2
+  return %3
+}
+"""
+
+
+def test_reshape_permute_reshape_index_math():
+    fused, _ = compile_text(RESHAPES)
+    assert len(kernels(fused)) == 1
+    agree(RESHAPES, fused)
+
+
+SHARED = """graph f(%x: f32[64,32]) -> (f32[64], f32[32]) {
+  %0: f32[64,32] = mul %x %x
+  %1: f32[64] = sum %0 [dims=(1,), keepdim=false]
+  %2: f32[32] = sum %0 [dims=(0,), keepdim=false]
+  return %1, %2
+}
+"""
+
+
+def test_rematerialize_recomputes_cheap_shared_value():
+    fused, ctx = compile_text(SHARED)
+    assert len(kernels(fused)) == 2
+    written = [b.name for n in kernels(fused) for i, b in enumerate(n.meta["kernel"].buffers)
+               if i in n.meta["kernel"].writes]
+    assert "mul" not in written  # x*x is recomputed by both reductions, never stored
+    assert ctx.remat_bytes_saved > 0
+    agree(SHARED, fused)
+
+
+def test_without_remat_the_shared_value_is_stored_once():
+    fused, ctx = compile_text(SHARED, remat=False)
+    assert len(kernels(fused)) == 2  # x*x is stored by the first row kernel, read by the second
+    written = [b.name for n in kernels(fused) for i, b in enumerate(n.meta["kernel"].buffers)
+               if i in n.meta["kernel"].writes]
+    assert "mul" in written
+    assert ctx.remat_bytes_saved == 0
+    assert ctx.arena_bytes >= 64 * 32 * 4
+    agree(SHARED, fused)
+
+
+CHAIN = """graph f(%x: f32[16,16]) -> (f32[16]) {
+  %0: f32[16] = sum %x [dims=(1,), keepdim=false]
+  %1: f32[16,16] = permute %x [dims=(1, 0)]
+  %2: f32[16,16] = add %1 %0
+  %3: f32[16] = amax %2 [dims=(0,), keepdim=false]
+  %4: f32[16,16] = mul %2 %3
+  %5: f32[16] = sum %4 [dims=(1,), keepdim=false]
+  return %5
+}
+"""
+
+
+def test_reduction_used_at_another_rows_index_is_stored_and_planned():
+    fused, ctx = compile_text(CHAIN)
+    assert len(kernels(fused)) >= 2
+    offsets = [n.meta["arena_offset"] for n in fused.nodes if "arena_offset" in n.meta]
+    assert offsets and ctx.arena_bytes > 0
+    agree(CHAIN, fused)
+
+
+CAT = """graph f(%x: f32[4,3], %y: f32[4,5]) -> (f32[4,8]) {
+  %0: f32[4,8] = cat %x %y [dim=1]
+  %1: f32[4,8] = neg %0
+  return %1
+}
+"""
+
+
+def test_cat_is_a_guarded_select_inside_one_kernel():
+    fused, _ = compile_text(CAT)
+    assert len(kernels(fused)) == 1
+    agree(CAT, fused)
+
+
+def _kernel_count(fn, *xs):
+    c = minicomp.compile(fn, backend="cpu")
+    with torch.no_grad():
+        out = c(*xs)
+        ref = fn(*xs)
+    for a, b in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    return len(c.report().kernels), c
+
+
+@pytest.mark.parametrize("case", ["cos_cos", "softmax", "layer_norm_gelu", "rms_norm_residual", "views"])
+def test_one_kernel_each(case):
+    x = torch.randn(32, 64)
+    w, b = torch.randn(64), torch.randn(64)
+    fns = {
+        "cos_cos": (lambda x: torch.cos(torch.cos(x)), (x,)),
+        "softmax": (lambda x: torch.softmax(x, -1), (x,)),
+        "layer_norm_gelu": (lambda x, w, b: F.gelu(F.layer_norm(x, (64,), w, b)), (x, w, b)),
+        "rms_norm_residual": (lambda x, r, w: (lambda h: (h, h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
+                                                                             + 1e-6) * w))(x + r),
+                              (x, torch.randn(32, 64), w)),
+        "views": (lambda x, y: x.t()[:, 1:5] + y.expand(64, 4) * 2, (x, torch.randn(4))),
+    }
+    fn, args = fns[case]
+    n, _ = _kernel_count(fn, *args)
+    assert n == 1
