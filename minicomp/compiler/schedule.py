@@ -186,29 +186,28 @@ def _leaves(node: Node, sch: Scheduler) -> set:
 
 def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
     """Values that must live in memory whatever the fusion: graph outputs and the operands of ops
-    that run in torch. A view of a buffer needed there runs as a torch view (no copy) instead."""
+    that run in torch. A torch op's operand that is a view of a value runs as a torch view of that
+    value's buffer (no copy kernel); a graph output is written to its own buffer."""
     M, why, views = set(), {}, set()
 
-    def need(node: Node, reason: str):
-        if node.op in ("input", "constant") or runs_in_torch(node, kernel_ops):
-            return
+    def need(node: Node, reason: str, allow_view: bool):
         chain, base = [], node
-        while base.op in VIEW_OPS:
+        while allow_view and base.op in VIEW_OPS:
             chain.append(base)
             base = base.args[0]
-        if chain and (base.op in ("input", "constant") or runs_in_torch(base, kernel_ops)):
+        if chain:
             views.update(chain)
+        if base.op in ("input", "constant") or runs_in_torch(base, kernel_ops) or base in M:
             return
-        if node not in M:
-            M.add(node)
-            why[node] = reason
+        M.add(base)
+        why[base] = reason
     for o in graph.outputs:
         if o is not None:
-            need(o, "graph output")
+            need(o, "graph output", allow_view=False)
     for n in graph.nodes:
         if runs_in_torch(n, kernel_ops):
             for a in n.args:
-                need(a, f"operand of {n.op} (runs in torch)")
+                need(a, f"operand of {n.op} (runs in torch)", allow_view=True)
     return M, why, views
 
 

@@ -147,23 +147,30 @@ class Program:
     def __init__(self, n_inputs: int, constants: list, steps: list, buffers: list, outputs: list,
                  arena_bytes: int, n_slots: int, device="cpu"):
         self.n_inputs, self.steps, self.outputs = n_inputs, steps, outputs
+        self.constants, self.buffers, self.arena_bytes, self.device = constants, buffers, arena_bytes, device
         self.n_slots = n_slots
-        self.template = [None] * n_slots
-        for i, c in enumerate(constants):
-            self.template[n_inputs + i] = c.contiguous()
-        self.arena = torch.empty(arena_bytes, dtype=torch.uint8, device=device) if arena_bytes else None
+        self.template = None  # built on the first call: compilation may run under a fake-tensor mode
+
+    def _setup(self) -> None:
+        template = [None] * self.n_slots
+        for i, c in enumerate(self.constants):
+            template[self.n_inputs + i] = c.contiguous()
+        arena = torch.empty(self.arena_bytes, dtype=torch.uint8, device=self.device) if self.arena_bytes else None
         self.fresh = []
-        for slot, shape, dtype, offset in buffers:
+        for slot, shape, dtype, offset in self.buffers:
             if offset is None:
                 self.fresh.append((slot, shape, dtype))
             else:
-                nbytes = max(1, torch.Size(shape).numel()) * dtype.itemsize
-                view = self.arena[offset:offset + nbytes].view(dtype)[:torch.Size(shape).numel()].view(shape)
-                self.template[slot] = view
-        arena_ptr = self.arena.data_ptr() if self.arena is not None else None
-        self.arena_range = (arena_ptr, arena_ptr + arena_bytes) if arena_ptr else None
+                numel = torch.Size(shape).numel()
+                nbytes = max(1, numel) * dtype.itemsize
+                template[slot] = arena[offset:offset + nbytes].view(dtype)[:numel].view(shape)
+        self.arena = arena
+        self.arena_range = (arena.data_ptr(), arena.data_ptr() + self.arena_bytes) if arena is not None else None
+        self.template = template
 
     def __call__(self, *inputs):
+        if self.template is None:
+            self._setup()
         env = list(self.template)
         for i, x in enumerate(inputs):
             env[i] = x if x.is_contiguous() else x.contiguous()

@@ -53,10 +53,10 @@ def build_graph(graph: Graph, sch: Schedule) -> Graph:
             remap[n] = n
             nodes.append(n)
     for step in sch.steps:
-        if not isinstance(step, KernelStep):
-            step.args = tuple(remap[a] for a in step.args)
-            remap[step] = step
-            nodes.append(step)
+        if not isinstance(step, KernelStep):  # a copy: the source graph stays as it was (remat reuses it)
+            copy = Node(step.op, tuple(remap[a] for a in step.args), step.attrs, step.type, step.name, step.meta)
+            remap[step] = copy
+            nodes.append(copy)
             continue
         b = step.builder
         stored = [r for r in step.roots if r in sch.materialized]

@@ -11,6 +11,17 @@ from ...ir import Graph
 from ...ir.types import itemsize
 
 ALIGN = 64
+ALIASING = ("reshape", "permute", "expand", "slice", "extern", "getitem")
+
+
+def _alias_roots(node):
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        if n.op in ALIASING and not (n.op == "getitem" and n.args[0].op == "kernel"):
+            stack.extend(n.args)
+    return out
 
 
 def run(graph: Graph, ctx) -> Graph:
@@ -21,6 +32,14 @@ def run(graph: Graph, ctx) -> Graph:
     for i, n in enumerate(graph.nodes):
         for a in n.args:
             last_use[a] = i
+    # a torch view (or an extern, which may return a view) keeps its operands' memory alive
+    for n in reversed(graph.nodes):
+        if n.op in ALIASING and n in last_use:
+            for a in n.args:
+                last_use[a] = max(last_use.get(a, 0), last_use[n])
+    for o in outputs:  # a graph output that views an intermediate: that memory is handed out
+        for a in _alias_roots(o):
+            last_use[a] = len(graph.nodes)
     results: dict = {}
     for n in graph.nodes:
         if n.op == "getitem" and n.args[0].op == "kernel" and n not in outputs:
