@@ -26,14 +26,20 @@ PARALLEL_MIN_WORK = 1 << 15  # elements below which threading costs more than it
 VERSION = "minicomp-cpu-1"
 
 
+def _new_target_machine():
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
+                                        features=llvm.get_host_cpu_features().flatten(), opt=3)
+
+
 def _target_machine():
+    """The shared target machine for optimizing and emitting objects (an engine gets its own:
+    an MCJIT engine takes ownership of its target machine and frees it with itself)."""
     with _lock:
         if "tm" not in _state:
-            llvm.initialize_native_target()
-            llvm.initialize_native_asmprinter()
-            target = llvm.Target.from_triple(llvm.get_process_triple())
-            _state["tm"] = target.create_target_machine(
-                cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
+            _state["tm"] = _new_target_machine()
         return _state["tm"]
 
 
@@ -62,7 +68,6 @@ class JitModule:
     the object code came from the disk cache."""
 
     def __init__(self, ir_text: str):
-        tm = _target_machine()
         k = cache.key(VERSION, llvmlite.__version__, llvm.get_process_triple(), llvm.get_host_cpu_name(),
                       llvm.get_host_cpu_features().flatten(), ir_text)
         obj = cache.get("cpu", k)
@@ -70,19 +75,19 @@ class JitModule:
         self.engine = None
         if obj is not None:
             try:
-                self.engine = self._load(tm, obj)
+                self.engine = self._load(obj)
             except Exception:  # a corrupt entry: recompile and overwrite it
                 cache.drop("cpu", k)
                 self.cached = False
         if self.engine is None:
             mod = llvm.parse_assembly(optimize(ir_text))
-            obj = tm.emit_object(mod)
-            self.engine = self._load(tm, obj)
+            obj = _target_machine().emit_object(mod)
+            self.engine = self._load(obj)
             cache.put("cpu", k, obj)
 
     @staticmethod
-    def _load(tm, obj: bytes):
-        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
+    def _load(obj: bytes):
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _new_target_machine())
         engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         engine.finalize_object()
         return engine
