@@ -1,0 +1,226 @@
+"""Eager vs minicomp vs torch.compile (Inductor): one table, one interleaved run.
+
+    python -m minicomp.bench [--quick] [--backend NAME] [--cases a,b] [--reps N]
+
+Interleaved: each repetition times the callables round-robin (eager, minicomp, Inductor, and a
+large copy), rotating who goes first, so a noisy neighbour or a clock change hits all of them
+alike; the table shows medians. Ratios below 1 mean minicomp is faster.
+
+Bandwidth: a case must at least read its inputs once and write its outputs once; those bytes over
+minicomp's median time is its achieved GB/s, shown against `dst.copy_(src)` measured in the same
+run (what this machine can actually stream). A memory-bound kernel near 100% has nothing left to
+gain. Each row also carries minicomp's max abs error against eager, and a row outside the
+tolerance is marked WRONG and left out of the geomean: a fast wrong answer never looks good.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.utils._pytree as pytree
+
+import minicomp
+from minicomp.options import BACKENDS
+
+from minicomp.bench_cases import CASE_NAMES, make_case
+
+TOLERANCE = 1e-4  # max abs error allowed, relative to max(1, max |eager output|)
+
+
+def set_threads() -> None:
+    """Every contender gets all the cores (torch defaults to the physical ones only)."""
+    torch.set_num_threads(os.cpu_count() or 1)
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return (f"{model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
+            f"Python {platform.python_version()}")
+
+
+def _calibrate(fn, target_s: float) -> int:
+    """Calls per sample so that one sample lasts about target_s (tiny cases would time the clock)."""
+    t0 = time.perf_counter()
+    fn()
+    once = time.perf_counter() - t0
+    return max(1, min(10_000, math.ceil(target_s / max(once, 1e-9))))
+
+
+def time_interleaved(fns: dict, reps: int, target_s: float = 2e-3) -> dict:
+    """{name: median seconds per call}, sampled round-robin over `fns` (zero-argument callables)."""
+    for fn in fns.values():
+        fn()  # warm-up: caches, allocator, lazy compiles
+    inner = {name: _calibrate(fn, target_s) for name, fn in fns.items()}
+    samples = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(reps):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, n = fns[name], inner[name]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / n)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _tensors(tree) -> list:
+    return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _state(fn) -> list:
+    """A module's parameters and buffers are inputs too: the kernels must read them."""
+    if isinstance(fn, torch.nn.Module):
+        return list(fn.parameters()) + list(fn.buffers())
+    return []
+
+
+def _max_err(actual, expected) -> tuple[float, float]:
+    """(max abs error, max |expected|) over all output tensors."""
+    a, e = _tensors(actual), _tensors(expected)
+    if len(a) != len(e) or any(x.shape != y.shape for x, y in zip(a, e)):
+        return math.inf, 0.0
+    err = max(((x.float() - y.float()).abs().max().item() for x, y in zip(a, e)), default=0.0)
+    scale = max((y.float().abs().max().item() for y in e), default=0.0)
+    return err, scale
+
+
+def _timed_first_call(fn, inputs) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    out = fn(*inputs)
+    return time.perf_counter() - t0, out
+
+
+def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int) -> dict:
+    case = make_case(name, quick)
+    fn, inputs = case.fn, case.inputs
+    # Dynamo keeps compiled code on the function's code object; start each case from nothing, so
+    # compile times are cold and a rerun of the same case (as in tests) cannot hit an old entry.
+    torch._dynamo.reset()
+    expected = fn(*inputs)
+
+    compile_s, _ = _timed_first_call(minicomp.compile(fn, backend=backend), inputs)
+    compiled = minicomp.compile(fn, backend=backend)
+    recompile_s, actual = _timed_first_call(compiled, inputs)
+    err, scale = _max_err(actual, expected)
+    ok = err <= TOLERANCE * max(1.0, scale)
+
+    notes = [f"ran eagerly: {e}" for e in compiled.report().eager]
+    externs = sorted({x for g in compiled.report().graphs for x in g.externs})
+    if externs:
+        notes.append(f"externs: {', '.join(externs)}")
+    try:
+        inductor = torch.compile(fn)
+        inductor_compile_s, _ = _timed_first_call(inductor, inputs)
+    except Exception as e:  # a machine without a C++ compiler: still show eager vs minicomp
+        inductor, inductor_compile_s = None, None
+        notes.append(f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+
+    src = torch.randn(copy_elems)
+    dst = torch.empty_like(src)
+    fns = {"eager": lambda: fn(*inputs), "minicomp": lambda: compiled(*inputs), "copy": lambda: dst.copy_(src)}
+    if inductor is not None:
+        fns["inductor"] = lambda: inductor(*inputs)
+    t = time_interleaved(fns, reps)
+
+    moved = _nbytes(_tensors(inputs) + _state(fn) + _tensors(expected))
+    copy_gbps = 2 * _nbytes([src]) / t["copy"] / 1e9
+    gbps = moved / t["minicomp"] / 1e9
+    return {
+        "case": name, "shape": case.shape, "backend": backend,
+        "eager_ms": t["eager"] * 1e3, "minicomp_ms": t["minicomp"] * 1e3,
+        "inductor_ms": t["inductor"] * 1e3 if inductor is not None else None,
+        "vs_eager": t["minicomp"] / t["eager"],
+        "vs_inductor": t["minicomp"] / t["inductor"] if inductor is not None else None,
+        "bytes": moved, "gbps": gbps, "copy_gbps": copy_gbps, "pct_copy": 100 * gbps / copy_gbps,
+        "compile_s": compile_s, "recompile_s": recompile_s, "inductor_compile_s": inductor_compile_s,
+        "max_abs_err": err, "ok": ok, "notes": notes,
+    }
+
+
+def run_bench(cases=None, backend: str = "auto", reps: int | None = None, quick: bool = False) -> list:
+    """One row (a dict) per case; see format_table for the columns."""
+    set_threads()
+    reps = reps or (7 if quick else 30)
+    copy_elems = (8 << 20) if quick else (32 << 20)
+    with torch.no_grad():
+        return [bench_case(name, backend, reps, quick, copy_elems) for name in (cases or CASE_NAMES)]
+
+
+def geomean(xs) -> float:
+    xs = [x for x in xs if x is not None]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+COLUMNS = [  # (header, row key, format)
+    ("case", "case", "{}"), ("shape", "shape", "{}"),
+    ("eager ms", "eager_ms", "{:.3f}"), ("minicomp ms", "minicomp_ms", "{:.3f}"),
+    ("inductor ms", "inductor_ms", "{:.3f}"),
+    ("mc/eager", "vs_eager", "{:.2f}"), ("mc/inductor", "vs_inductor", "{:.2f}"),
+    ("GB/s", "gbps", "{:.1f}"), ("% copy", "pct_copy", "{:.0f}%"),
+    ("compile s", "compile_s", "{:.2f}"), ("again s", "recompile_s", "{:.2f}"),
+    ("inductor s", "inductor_compile_s", "{:.2f}"),
+    ("max abs err", "max_abs_err", "{:.1e}"),
+]
+
+
+def format_table(rows: list) -> str:
+    def cell(row, key, fmt):
+        v = row[key]
+        return "-" if v is None else fmt.format(v)
+    body = [[cell(r, k, f) for _, k, f in COLUMNS] + ["" if r["ok"] else "WRONG"] for r in rows]
+    heads = [h for h, _, _ in COLUMNS] + [""]
+    widths = [max(len(x) for x in col) for col in zip(heads, *body)]
+
+    def line(cells):  # names left, numbers right
+        return "  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    out = [line(heads), line(["-" * w for w in widths])] + [line(b) for b in body]
+    good = [r for r in rows if r["ok"]]
+    out.append(f"geomean over {len(good)} correct case(s): mc/eager {geomean(r['vs_eager'] for r in good):.2f}, "
+               f"mc/inductor {geomean(r['vs_inductor'] for r in good):.2f}")
+    if rows:
+        out.append(f"copy bandwidth (dst.copy_(src), median over cases): "
+                   f"{statistics.median(r['copy_gbps'] for r in rows):.1f} GB/s; "
+                   f"compile s = first minicomp call, again s = a second fresh minicomp.compile of the case")
+    out += [f"{r['case']}: {n}" for r in rows for n in r["notes"]]
+    wrong = [r["case"] for r in rows if not r["ok"]]
+    if wrong:
+        out.append(f"WRONG (error above {TOLERANCE:g} x max(1, max|eager|)): {', '.join(wrong)}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m minicomp.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
+    p.add_argument("--cases", default=",".join(CASE_NAMES), help="comma-separated, from: " + ", ".join(CASE_NAMES))
+    p.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 30, 7 with --quick)")
+    args = p.parse_args(argv)
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in cases if c not in CASE_NAMES]
+    if unknown:
+        p.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASE_NAMES)}")
+    set_threads()
+    print(f"machine: {machine()}")
+    print(f"backend: {args.backend}{' (quick)' if args.quick else ''}")
+    rows = run_bench(cases, args.backend, args.reps, args.quick)
+    print(format_table(rows))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The benchmark cases: one row each in `python -m minicomp.bench`.
+
+Each case is a function of tensors plus the inputs to call it with. The set covers the three
+costs: `cos_cos`, `chain10`, `softmax`, `layernorm_gelu` and `rmsnorm_residual` are bound by
+memory bandwidth (fusion decides how many bytes move); `tiny_chain50` is pure overhead (16
+elements, 50 ops: launch and Python costs are everything); `gpt_block` mixes matrix multiplies
+(compute, done by BLAS) with the rest. `quick` shrinks the big ones so the whole table runs fast.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Case:
+    name: str
+    fn: Callable             # a function or nn.Module
+    inputs: tuple
+    shape: str               # for the table, e.g. "8192x1024"
+
+
+def _cos_cos(x):
+    return torch.cos(torch.cos(x))
+
+
+def _chain10(x):
+    y = x * 1.5
+    y = y + 0.5
+    y = torch.sin(y)
+    y = y * y
+    y = y - 0.25
+    y = torch.tanh(y)
+    y = y * x
+    y = y + 1.0
+    y = torch.sigmoid(y)
+    return y * 0.5
+
+
+def _tiny_chain50(x):
+    y = x
+    for _ in range(10):  # 5 ops a round: 50 pointwise ops
+        y = torch.abs(torch.sin(y * 0.9 + 0.1) - x)
+    return y
+
+
+def _layernorm_gelu(x, w, b):
+    return F.gelu(F.layer_norm(x, x.shape[-1:], w, b))
+
+
+def _softmax(x):
+    return torch.softmax(x, dim=-1)
+
+
+def _rmsnorm_residual(x, residual, w):
+    h = x + residual
+    return h, F.rms_norm(h, h.shape[-1:], w, eps=1e-6)
+
+
+def _randn(*shape):
+    return torch.randn(*shape)
+
+
+def _gpt_block():
+    from minicomp.demo import Block  # demo imports the bench's timer: importing it here, late, avoids the cycle
+    B, T, C, H = 4, 64, 128, 4
+    return Case("gpt_block", Block(C, H, T).eval(), (_randn(B, T, C),), f"B{B} T{T} C{C} H{H}")
+
+
+def _make(name: str, quick: bool) -> Case:
+    big = 1 << 20 if quick else 16 << 20     # elements of the 1-D pointwise cases
+    rows = 1024 if quick else 8192
+    if name == "cos_cos":
+        return Case(name, _cos_cos, (_randn(big),), f"{big}")
+    if name == "chain10":
+        return Case(name, _chain10, (_randn(big),), f"{big}")
+    if name == "layernorm_gelu":
+        return Case(name, _layernorm_gelu, (_randn(rows, 1024), _randn(1024), _randn(1024)), f"{rows}x1024")
+    if name == "softmax":
+        r = rows // 2
+        return Case(name, _softmax, (_randn(r, 2048),), f"{r}x2048")
+    if name == "rmsnorm_residual":
+        return Case(name, _rmsnorm_residual, (_randn(rows, 1024), _randn(rows, 1024), _randn(1024)),
+                    f"{rows}x1024")
+    if name == "tiny_chain50":
+        return Case(name, _tiny_chain50, (_randn(16),), "16")
+    if name == "gpt_block":
+        return _gpt_block()
+    raise ValueError(f"unknown bench case {name!r}; choose from {', '.join(CASE_NAMES)}")
+
+
+CASE_NAMES = ("cos_cos", "chain10", "layernorm_gelu", "softmax", "rmsnorm_residual", "tiny_chain50", "gpt_block")
+
+
+def make_case(name: str, quick: bool = False) -> Case:
+    torch.manual_seed(0)
+    return _make(name, quick)

@@ -1,0 +1,50 @@
+"""The main job, the benchmark harness and the sample notebook, at settings small enough for CI."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from minicomp import bench, demo
+
+ROOT = Path(__file__).resolve().parents[2]
+ROW_KEYS = {"case", "shape", "backend", "eager_ms", "minicomp_ms", "inductor_ms", "vs_eager", "vs_inductor",
+            "bytes", "gbps", "copy_gbps", "pct_copy", "compile_s", "recompile_s", "inductor_compile_s",
+            "max_abs_err", "ok", "notes"}
+
+
+def test_demo_matches_eager(capsys):
+    assert demo.main(["--reps", "2", "--shape", "2,16,32,2", "--tol", "1e-4"]) == 0
+    out = capsys.readouterr().out
+    assert "minicomp report:" in out and "max abs error vs eager" in out
+
+
+def test_bench_rows_and_table():
+    rows = bench.run_bench(["cos_cos", "tiny_chain50"], backend="auto", reps=2, quick=True)
+    assert [r["case"] for r in rows] == ["cos_cos", "tiny_chain50"]
+    for r in rows:
+        assert set(r) == ROW_KEYS
+        assert r["ok"] and r["max_abs_err"] < 1e-5
+        assert r["eager_ms"] > 0 and r["minicomp_ms"] > 0 and r["copy_gbps"] > 0
+    assert rows[0]["bytes"] == 2 * 4 * (1 << 20)  # cos_cos: read x once, write the result once
+    table = bench.format_table(rows)
+    assert "cos_cos" in table and "tiny_chain50" in table and "geomean over 2 correct" in table
+
+
+def test_wrong_rows_are_marked_and_left_out_of_the_geomean():
+    row = {"case": "c", "shape": "1", "eager_ms": 1.0, "minicomp_ms": 0.5, "inductor_ms": None, "vs_eager": 0.5,
+           "vs_inductor": None, "gbps": 1.0, "copy_gbps": 2.0, "pct_copy": 50.0, "compile_s": 0.1,
+           "recompile_s": 0.1, "inductor_compile_s": None, "max_abs_err": 1.0, "ok": False, "notes": []}
+    table = bench.format_table([row, dict(row, case="d", vs_eager=2.0, max_abs_err=0.0, ok=True)])
+    assert "WRONG" in table and "geomean over 1 correct case(s): mc/eager 2.00" in table
+
+
+def test_sample_notebook_is_valid_and_up_to_date():
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.read(str(ROOT / "samples" / "eager_vs_compiled.ipynb"), as_version=4)
+    nbformat.validate(nb)
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code")
+    spec = importlib.util.spec_from_file_location("make_notebooks", ROOT / "samples" / "make_notebooks.py")
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    assert [c.source for c in nb.cells] == [c.source for c in maker.EAGER_VS_COMPILED], \
+        "notebook out of date: run python samples/make_notebooks.py"
