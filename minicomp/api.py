@@ -3,11 +3,15 @@
 Why not just `torch.compile(model, backend=...)`? Dynamo keys its cache on the Python code object,
 so many closures of one function (or many instances of one module class) share one recompile
 limit, and past it Dynamo quietly runs eager. Each CompiledModule instead keeps its own table of
-programs, one per input signature (shapes, dtypes, devices, requires_grad, grad mode), each traced
-through a fresh copy of a small trampoline's code object, so its Dynamo cache is its own.
+programs, one per input signature (shapes, dtypes, devices, requires_grad, grad mode, scalar
+arguments, train/eval mode), each traced through a fresh copy of a small trampoline's code object
+and with `isolate_recompiles`, so its Dynamo cache, including the frames Dynamo resumes in after a
+graph break inside the user's code, is its own. Whatever still runs eagerly is named in the
+report and logged, never silent.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import types
 
@@ -23,6 +27,8 @@ from .report import Report
 
 log = logging.getLogger("minicomp")
 
+_SCALARS = (bool, int, float, str, type(None))  # Dynamo specializes on their values (dynamic=False)
+
 
 def _trampoline(target):
     def run(*args, **kwargs):
@@ -31,18 +37,36 @@ def _trampoline(target):
     return types.FunctionType(code, run.__globals__, run.__name__, run.__defaults__, run.__closure__)
 
 
-def _signature(args, kwargs):
+def _signature(model, args, kwargs) -> tuple:
     leaves, spec = pytree.tree_flatten((args, kwargs))
     key = [torch.is_grad_enabled(), str(spec)]
+    if isinstance(model, torch.nn.Module):
+        key.append(model.training)  # dropout and batch norm trace differently
     for x in leaves:
         if isinstance(x, torch.Tensor):
             key.append((tuple(x.shape), x.dtype, x.device, x.requires_grad, x.stride()))
+        elif isinstance(x, _SCALARS):
+            key.append((type(x), x))
         else:
             key.append(type(x))
     return tuple(key)
 
 
+def _short(reason: str) -> str:
+    """Dynamo's graph-break reasons run to a dozen lines; keep the first and the explanation."""
+    lines = [ln.strip() for ln in reason.strip().splitlines() if ln.strip()]
+    why = next((ln for ln in lines[1:] if ln.startswith("Explanation:")), "")
+    return f"{lines[0]} ({why[len('Explanation:'):].strip()})" if why else lines[0]
+
+
 class CompiledModule:
+    """Calls like the model; attribute reads and writes go to the model (`compiled.training`,
+    `compiled.state_dict()`, `compiled.weight = ...`), `compiled.forward` is the compiled call, and
+    methods that return the model itself (`.eval()`, `.to()`, `.train()`) return this CompiledModule,
+    so chaining never drops compilation. It is not an nn.Module: register the model, not this."""
+
+    _OWN = frozenset({"model", "options", "_report", "_programs", "_warned_limit", "__wrapped__", "__doc__"})
+
     def __init__(self, model, options: Options):
         self.model = model
         self.options = options
@@ -53,24 +77,30 @@ class CompiledModule:
         self.__doc__ = getattr(model, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
-        key = _signature(args, kwargs)
+        key = _signature(self.model, args, kwargs)
         program = self._programs.get(key)
         if program is None:
             if len(self._programs) >= self.options.max_programs:
-                if not self._warned_limit:
-                    self._warned_limit = True
-                    msg = (f"{len(self._programs)} input signatures compiled (max_programs="
-                           f"{self.options.max_programs}); new signatures run eagerly")
-                    log.warning("minicomp: %s", msg)
-                    self._report.eager.append(msg)
+                self._note_limit()
                 return self.model(*args, **kwargs)
             return self._compile_and_run(key, args, kwargs)
         return program(*args, **kwargs)
 
+    def _note_limit(self):
+        if not self._warned_limit:
+            self._warned_limit = True
+            self._eager(f"max_programs={self.options.max_programs} input signatures already compiled; "
+                        "calls with new signatures run eagerly")
+
+    def _eager(self, msg: str):
+        if msg not in self._report.eager:  # once per compiled callable, not once per program
+            log.warning("minicomp: %s", msg)
+            self._report.eager.append(msg)
+
     def _compile_and_run(self, key, args, kwargs):
         backend = make_backend(self.options, self._report)
-        program = torch.compile(_trampoline(self.model), backend=backend, dynamic=False)
-        before = dict(counters["graph_break"])
+        program = torch.compile(_trampoline(self.model), backend=backend, dynamic=False, isolate_recompiles=True)
+        before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs)
         try:
             out = program(*args, **kwargs)
         except BackendCompilerFailed as e:
@@ -78,11 +108,12 @@ class CompiledModule:
             if isinstance(inner, MinicompError):
                 raise inner from None
             raise
-        breaks = {k: v - before.get(k, 0) for k, v in counters["graph_break"].items() if v > before.get(k, 0)}
-        for reason in breaks:
-            msg = f"graph break (code between graphs runs eagerly): {reason}"
-            log.warning("minicomp: %s", msg)
-            self._report.eager.append(msg)
+        for reason, count in counters["graph_break"].items():
+            if count > before.get(reason, 0):
+                self._eager(f"graph break (the code around it runs eagerly): {_short(reason)}")
+        if len(self._report.graphs) == graphs_before:
+            self._eager(f"no graph captured for call signature #{len(self._programs)} (nothing to compile, "
+                        "or Dynamo skipped the frame): it runs eagerly")
         self._programs[key] = program
         return out
 
@@ -90,15 +121,45 @@ class CompiledModule:
         return self._report
 
     def __getattr__(self, name):
-        # forward attribute reads (e.g. model.config) to the wrapped model
-        if name == "model":
+        # only called for names not found on the wrapper: forward reads to the wrapped model
+        if name in CompiledModule._OWN:
             raise AttributeError(name)
-        return getattr(self.model, name)
+        if name == "forward" and isinstance(self.model, torch.nn.Module):
+            return self.__call__  # `compiled.forward(x)` must not bypass compilation
+        value = getattr(self.model, name)
+        if isinstance(value, types.MethodType) and value.__self__ is self.model:
+            return self._rewrap(value)
+        return value
+
+    def _rewrap(self, method):
+        @functools.wraps(method)
+        def call(*args, **kwargs):
+            out = method(*args, **kwargs)
+            return self if out is self.model else out
+        return call
+
+    def __setattr__(self, name, value):
+        if name in CompiledModule._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.model, name, value)
+
+    def __delattr__(self, name):
+        if name in CompiledModule._OWN:
+            object.__delattr__(self, name)
+        else:
+            delattr(self.model, name)
+
+    def __repr__(self) -> str:
+        return f"CompiledModule({self.model!r}, backend={self.options.backend!r})"
 
 
 def compile(model_or_fn, *, backend: str = "auto", debug=False, remat: bool = True, cuda_graphs: bool = True,
             strict: bool = False, max_programs: int = 8) -> CompiledModule:
-    """Compile an nn.Module or a function of tensors. See README for the options and debug flags."""
+    """Compile an nn.Module or a function of tensors. See README for the options and debug flags.
+    Compiling a CompiledModule again compiles the model it wraps, with the new options."""
+    if isinstance(model_or_fn, CompiledModule):
+        model_or_fn = model_or_fn.model
     if not callable(model_or_fn):
         raise TypeError(f"minicomp.compile wants a module or function, got {type(model_or_fn).__name__}")
     options = Options.make(backend, debug, remat, cuda_graphs, strict, max_programs)

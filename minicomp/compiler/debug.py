@@ -1,15 +1,21 @@
 """Debug output by levels (MINICOMP_DEBUG=1..3) and the dump folder (MINICOMP_DUMP_DIR or debug="path").
 
-The dump folder gets one numbered folder per compiled graph, and inside it one numbered file per
-stage: 00_fx.txt, 01_ir.txt, 02_ir_after_simplify_views.txt, ... and later kernel sources.
+The dump folder gets one numbered folder per compiled graph (000_forward_0, 001_backward_1, ...,
+numbered from what the folder already holds), and inside it one numbered file per stage: 00_fx.txt,
+01_ir.txt, 02_ir_after_simplify_views.txt, ... and later kernel sources. The IR files parse back
+with `minicomp.ir.parse`.
 """
 from __future__ import annotations
 
 import itertools
 import os
+import re
 import sys
 
-_graph_counter = itertools.count()
+
+def _next_number(folder: str) -> int:
+    taken = [int(m.group(1)) for d in os.listdir(folder) if (m := re.match(r"(\d+)_", d))]
+    return max(taken, default=-1) + 1
 
 
 class Dumper:
@@ -19,7 +25,8 @@ class Dumper:
         self.step = itertools.count()
         self.graph_name = graph_name
         if options.dump_dir:
-            self.dir = os.path.join(options.dump_dir, f"{next(_graph_counter):03d}_{graph_name}")
+            os.makedirs(options.dump_dir, exist_ok=True)
+            self.dir = os.path.join(options.dump_dir, f"{_next_number(options.dump_dir):03d}_{graph_name}")
             os.makedirs(self.dir, exist_ok=True)
 
     def stage(self, name: str, text: str, level: int = 2) -> None:

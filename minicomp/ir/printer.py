@@ -79,6 +79,7 @@ def print_graph(graph: Graph) -> str:
     outs = ", ".join("None" if o is None else format_type(o.type) for o in graph.outputs)
     lines = [f"graph {graph.name}({params}) -> ({outs}) {{"]
     lines += ["  " + format_node(n, names) for n in graph.nodes]
-    lines.append("  return " + ", ".join("None" if o is None else names.get(o, "%?") for o in graph.outputs))
+    rets = ", ".join("None" if o is None else names.get(o, "%?") for o in graph.outputs)
+    lines.append(f"  return {rets}".rstrip())
     lines.append("}")
     return "\n".join(lines) + "\n"

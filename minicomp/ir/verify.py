@@ -2,8 +2,8 @@
 
 Guarantees on success: every operand is defined before use, every op is in the table with the
 right arity and attributes, every node's type is what the op table's rule infers, tuple-typed
-values (multi-result externs) are read only through in-range `getitem`s, and every extern's `$i`
-slots name one of its operands. An error names the offending node as printed, and its line number
+values (multi-result externs and kernels) are read only through in-range `getitem`s, and every
+extern's `$i` slots name one of its operands. An error names the offending node as printed, and its line number
 in the printed text, so it can be found in a dump file.
 """
 from __future__ import annotations
@@ -42,13 +42,17 @@ def _refs(value, out: list) -> list:
     return out
 
 
-def _check_extern(n: Node, fail) -> None:
+def _check_result_types(n: Node, fail) -> None:
+    """Externs and kernels carry their result type (a tuple for several results) instead of inferring it."""
     types = n.type if isinstance(n.type, tuple) and not isinstance(n.type, TensorType) else (n.type,)
     for t in types:
         if t is not None and _bad_type(t):
             fail(f"result type: {_bad_type(t)}")
     if n.type is None or all(t is None for t in types):
-        fail("an extern must carry its result type")
+        fail(f"a {n.op} node must carry its result type")
+
+
+def _check_extern(n: Node, fail) -> None:
     slots = _refs((n.attrs["args"], n.attrs.get("kwargs", {})), [])
     if any(not 0 <= i < len(n.args) for i in slots):
         fail(f"argument slots {sorted(set(slots))} do not match its {len(n.args)} operand(s)")
@@ -105,8 +109,10 @@ def verify(graph: Graph) -> Graph:
                     fail(f"operand {names[a]} has type {format_type(a.type)}; pick an element with getitem")
         if n.op == "getitem":
             _check_getitem(n, fail)
-        elif n.op in ("extern", "kernel"):  # both carry their (tuple) result type
-            _check_extern(n, fail)
+        elif n.op in ("extern", "kernel"):
+            _check_result_types(n, fail)
+            if n.op == "extern":
+                _check_extern(n, fail)
         elif n.op == "constant":
             if _bad_type(n.type):
                 fail(f"result type: {_bad_type(n.type)}")

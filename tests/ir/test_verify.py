@@ -1,0 +1,183 @@
+"""The verifier rejects malformed graphs with a message that quotes the offending line."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from minicomp.ir import Node, TensorType, VerifyError, interpret, parse, verify
+
+
+def graph(body: str, inputs="%x: f32[4], %y: f32[4]", outs="f32[4]"):
+    body = textwrap.indent(textwrap.dedent(body).strip(), "  ")
+    return parse(f"graph g({inputs}) -> ({outs}) {{\n{body}\n}}\n")
+
+
+def rejects(g, *fragments):
+    with pytest.raises(VerifyError) as e:
+        verify(g)
+    for f in fragments:
+        assert f in str(e.value), f"{f!r} not in {str(e.value)!r}"
+    return str(e.value)
+
+
+def test_well_formed_graph_passes():
+    g = graph("""
+        %0: f32[4] = add %x %y
+        %1: f32[1] = sum %0 [dims=(0,), keepdim=true]
+        %2: f32[4] = expand %1 [shape=(4,)]
+        return %2
+    """)
+    assert verify(g) is g
+
+
+def test_use_before_def():
+    g = graph("""
+        %0: f32[4] = exp %x
+        %1: f32[4] = neg %0
+        return %1
+    """)
+    g.nodes.reverse()  # the parser refuses this order, a buggy pass might not
+    rejects(g, "line 2:", "`%0: f32[4] = neg %1`", "operand %1 is used before it is defined")
+
+
+def test_unknown_op():
+    rejects(graph("""
+        %0: f32[4] = frobnicate %x
+        return %0
+    """), "line 2:", "`%0: f32[4] = frobnicate %x`", "unknown op 'frobnicate'")
+
+
+def test_wrong_arity():
+    rejects(graph("""
+        %0: f32[4] = add %x
+        return %0
+    """), "`%0: f32[4] = add %x`", "add takes 2 operand(s), got 1")
+
+
+def test_missing_attribute():
+    rejects(graph("""
+        %0: f32[1] = sum %x [keepdim=true]
+        %1: f32[4] = expand %0 [shape=(4,)]
+        return %1
+    """), "line 2:", "`%0: f32[1] = sum %x [keepdim=true]`", "missing attribute(s) dims")
+
+
+def test_wrong_result_type():
+    rejects(graph("""
+        %0: f32[4] = sum %x [dims=(0,), keepdim=false]
+        return %0
+    """), "`%0: f32[4] = sum %x [dims=(0,), keepdim=false]`", "type should be f32[]")
+
+
+def test_dtype_mismatch_without_cast():
+    rejects(graph("""
+        %0: f32[4] = mul %x %y
+        return %0
+    """, inputs="%x: f32[4], %y: f16[4]"), "`%0: f32[4] = mul %x %y`", "dtypes f32 and f16; insert a cast")
+
+
+def test_shapes_that_do_not_broadcast():
+    rejects(graph("""
+        %0: f32[4] = add %x %y
+        return %0
+    """, inputs="%x: f32[4], %y: f32[3]"), "`%0: f32[4] = add %x %y`", "do not broadcast")
+
+
+def test_bad_getitem_index():
+    rejects(graph("""
+        %0: (f32[4], i64[4]) = extern %x [args=($0, 0), target="aten.sort.default"]
+        %1: f32[4] = getitem %0 [index=2]
+        return %1
+    """), "line 3:", "`%1: f32[4] = getitem %0 [index=2]`", "index 2 out of range for (f32[4], i64[4])")
+
+
+def test_getitem_with_the_wrong_type():
+    rejects(graph("""
+        %0: (f32[4], i64[4]) = extern %x [args=($0, 0), target="aten.sort.default"]
+        %1: f32[4] = getitem %0 [index=1]
+        return %1
+    """), "`%1: f32[4] = getitem %0 [index=1]`", "type should be i64[4]")
+
+
+def test_getitem_of_a_single_tensor():
+    rejects(graph("""
+        %0: f32[4] = getitem %x [index=0]
+        return %0
+    """), "`%0: f32[4] = getitem %x [index=0]`", "getitem of f32[4], which is not a multi-result value")
+
+
+def test_getitem_of_a_missing_result():
+    rejects(graph("""
+        %0: (f32[4], None) = extern %x [args=($0,), target="aten.sort.default"]
+        %1: f32[4] = getitem %0 [index=1]
+        return %1
+    """), "element 1 of (f32[4], None), which holds no tensor")
+
+
+def test_tuple_operand_needs_getitem():
+    rejects(graph("""
+        %0: (f32[4], i64[4]) = extern %x [args=($0, 0), target="aten.sort.default"]
+        %1: f32[4] = neg %0
+        return %1
+    """), "`%1: f32[4] = neg %0`", "operand %0 has type (f32[4], i64[4]); pick an element with getitem")
+
+
+def test_extern_slot_out_of_range():
+    rejects(graph("""
+        %0: f32[4] = extern %x [args=($0, $1), target="aten.add.Tensor"]
+        return %0
+    """), "`%0: f32[4] = extern %x [args=($0, $1), target=\"aten.add.Tensor\"]`",
+        "argument slots [0, 1] do not match its 1 operand(s)")
+
+
+def test_extern_unknown_target():
+    rejects(graph("""
+        %0: f32[4] = extern %x [args=($0,), target="aten.no_such_op.default"]
+        return %0
+    """), "unknown target 'aten.no_such_op.default'")
+
+
+def test_undefined_output():
+    g = graph("""
+        %0: f32[4] = neg %x
+        return %0
+    """)
+    g.outputs = [Node("neg", (g.inputs[0],), type=TensorType((4,), "f32"))]
+    rejects(g, "`return`", "is not defined in the graph")
+
+
+def test_node_listed_twice():
+    g = graph("""
+        %0: f32[4] = neg %x
+        return %0
+    """)
+    g.nodes.append(g.nodes[0])
+    rejects(g, "node appears twice")
+
+
+def test_bad_input():
+    g = graph("""
+        return %x
+    """)
+    g.inputs[0].type = TensorType((4,), "q8")
+    rejects(g, "input %x must be an 'input' node with a tensor type")
+
+
+def test_interpret_a_parsed_graph_matches_torch():
+    g = verify(graph("""
+        %0: f32[4] = mul %x %y
+        %1: f32[1] = amax %0 [dims=(0,), keepdim=true]
+        %2: f32[4] = sub %0 %1
+        %3: f32[4] = exp %2
+        %4: f32[] = sum %3 [dims=(0,), keepdim=false]
+        %5: f32[4] = div %3 %4
+        %6: b8[4] = gt %5 %y
+        %7: f32[] = full [dtype=f32, shape=(), value=-inf]
+        %8: f32[4] = where %6 %7 %5
+        return %8
+    """))
+    x, y = torch.randn(4), torch.rand(4) * 0.3
+    p = torch.softmax(x * y, 0)
+    torch.testing.assert_close(interpret(g, x, y)[0], torch.where(p > y, float("-inf"), p))

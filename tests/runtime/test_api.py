@@ -1,0 +1,369 @@
+"""minicomp.compile's behaviour as a user sees it: programs per input signature, limits, weight
+updates, output structure, torch.compile integration, graph breaks, debug output and dumps.
+All on backend="interpret", so these test the API, not a code generator."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import importlib.metadata
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minicomp
+from minicomp.compiler.pipeline import PASSES
+from minicomp.ir import parse
+
+from ..helpers import assert_matches_eager
+
+
+def compile_i(fn, **kw):
+    return minicomp.compile(fn, backend="interpret", **kw)
+
+
+def kinds(compiled):
+    return [g.kind for g in compiled.report().graphs]
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+
+# ---- programs per input signature ------------------------------------------------------------------
+
+def test_new_shape_compiles_a_second_program_same_shape_reuses_it():
+    f = compile_i(lambda x: torch.tanh(x) * 2)
+    for n in (3, 3, 5, 5, 3):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(f(x), torch.tanh(x) * 2)
+    assert kinds(f) == ["inference", "inference"]
+    assert [g.name.rsplit("_", 1)[0] for g in f.report().graphs] == ["inference", "inference"]
+    assert f.report().eager == []
+
+
+def test_dtype_grad_mode_and_scalar_values_are_part_of_the_signature():
+    f = compile_i(lambda x, s: x * s)
+    x = torch.randn(4)
+    torch.testing.assert_close(f(x, 2.0), x * 2.0)
+    torch.testing.assert_close(f(x, 3.0), x * 3.0)
+    torch.testing.assert_close(f(x.double(), 3.0), x.double() * 3.0)
+    for _ in range(2):
+        with torch.no_grad():
+            torch.testing.assert_close(f(x, 3.0), x * 3.0)
+    torch.testing.assert_close(f(x, 2.0), x * 2.0)
+    assert len(f.report().graphs) == 4
+
+
+def test_max_programs_limit_logs_runs_eagerly_and_reports(caplog):
+    f = compile_i(lambda x: x.exp() + 1, max_programs=2)
+    with caplog.at_level(logging.WARNING, logger="minicomp"):
+        for n in (1, 2, 3, 4, 3):
+            x = torch.randn(n)
+            torch.testing.assert_close(f(x), x.exp() + 1)
+    assert len(f.report().graphs) == 2
+    limit = [r for r in caplog.records if r.name == "minicomp" and "max_programs=2" in r.getMessage()]
+    assert len(limit) == 1, "warn once, not on every eager call"
+    assert any("max_programs=2" in e for e in f.report().eager)
+    assert "ran eagerly: max_programs=2" in str(f.report())
+
+
+def test_train_and_eval_get_their_own_programs():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
+    c = compile_i(model)
+    x = torch.randn(8, 4)
+    c.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), model(x))
+        c.train()
+        assert c(x).eq(0).any(), "dropout is active again in train mode"
+    assert len(c.report().graphs) == 2
+
+
+# ---- parameters -----------------------------------------------------------------------------------
+
+def test_weight_changes_after_compile_take_effect():
+    lin = torch.nn.Linear(4, 3)
+    c = compile_i(lin)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), lin(x))
+        lin.weight.mul_(2)
+        torch.testing.assert_close(c(x), x @ lin.weight.T + lin.bias)
+        lin.weight = torch.nn.Parameter(torch.randn(3, 4))
+        torch.testing.assert_close(c(x), x @ lin.weight.T + lin.bias)
+        c.bias = torch.nn.Parameter(torch.randn(3))  # assignment through the wrapper reaches the model
+        assert c.bias is lin.bias
+        torch.testing.assert_close(c(x), x @ lin.weight.T + lin.bias)
+
+
+def test_training_step_compiles_forward_and_backward():
+    compiled = assert_matches_eager(mlp(), torch.randn(5, 8, requires_grad=True))
+    assert kinds(compiled) == ["forward", "backward"]
+
+
+# ---- many closures, graph breaks: never silently eager --------------------------------------------
+
+def _scaled(k):
+    def f(x):
+        return torch.sin(x) * k
+    return f
+
+
+def test_twenty_closures_each_compile():
+    x = torch.randn(4)
+    for k in range(20):
+        c = compile_i(_scaled(k))
+        torch.testing.assert_close(c(x), torch.sin(x) * k)
+        assert len(c.report().graphs) == 1 and c.report().eager == [], f"closure {k}: {c.report()}"
+
+
+def _breaking(k):
+    def f(x):
+        y = x * k
+        print("between graphs")  # a graph break inside the user's function
+        return y + 1
+    return f
+
+
+def test_closures_with_graph_breaks_past_dynamo_recompile_limit_each_compile(capsys):
+    # with Dynamo's per-code-object cache, the 3rd closure would run eagerly without a word
+    x = torch.randn(4)
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for k in range(4):
+            c = compile_i(_breaking(k))
+            torch.testing.assert_close(c(x), x * k + 1)
+            assert len(c.report().graphs) == 2, f"closure {k}: {c.report()}"
+    assert capsys.readouterr().out.count("between graphs") == 4
+
+
+class Gate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        if h.sum().item() > 0:  # data-dependent Python branch: a graph break
+            return h.relu()
+        return -h
+
+
+def test_graph_break_gives_correct_results_and_is_reported(caplog):
+    model = Gate()
+    c = compile_i(model)
+    pos = torch.ones(2, 4)
+    with torch.no_grad():
+        model.lin.bias.fill_(0)
+        with caplog.at_level(logging.WARNING, logger="minicomp"):
+            for x in (pos, -pos, pos, pos[:1]):  # the last is a new shape: a second program, same break
+                torch.testing.assert_close(c(x), model(x))
+    eager = c.report().eager
+    assert len(eager) == 1 and "graph break" in eager[0] and "Tensor.item()" in eager[0], eager
+    assert "\n" not in eager[0], "one readable line, not Dynamo's page of hints"
+    assert any("graph break" in r.getMessage() for r in caplog.records if r.name == "minicomp")
+    assert "ran eagerly: graph break" in str(c.report())
+
+
+def test_a_call_with_nothing_to_compile_is_reported():
+    c = compile_i(lambda x: x)
+    x = torch.randn(3)
+    assert c(x) is x
+    assert c.report().graphs == [] and "no graph captured" in c.report().eager[0]
+
+
+# ---- inputs and outputs ---------------------------------------------------------------------------
+
+Pair = collections.namedtuple("Pair", "low high")
+
+
+@dataclasses.dataclass
+class Stats:
+    mean: torch.Tensor
+    count: int
+
+
+def test_output_structure_is_preserved():
+    def f(x):
+        return {"t": (x + 1, [x * 2, (x - 1,)]), "pair": Pair(x.amin(), x.amax()), "none": None, "n": 3}
+    x = torch.randn(3, 4)
+    out = compile_i(f)(x)
+    want = f(x)
+    assert list(out) == ["t", "pair", "none", "n"]
+    assert isinstance(out["t"], tuple) and isinstance(out["t"][1], list) and isinstance(out["t"][1][1], tuple)
+    assert type(out["pair"]) is Pair and out["none"] is None and out["n"] == 3
+    for got, exp in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(want)):
+        torch.testing.assert_close(got, exp)
+
+
+def test_dataclass_output():
+    c = compile_i(lambda x: Stats(x.mean(0), x.shape[0]))
+    x = torch.randn(5, 2)
+    out = c(x)
+    assert type(out) is Stats and out.count == 5
+    torch.testing.assert_close(out.mean, x.mean(0))
+
+
+def test_keyword_arguments_and_defaults():
+    def f(x, *, scale, bias=None, act="relu"):
+        y = x * scale
+        y = y if bias is None else y + bias
+        return F.relu(y) if act == "relu" else torch.tanh(y)
+    c = compile_i(f)
+    x, s, b = torch.randn(3, 4), torch.randn(4), torch.randn(4)
+    torch.testing.assert_close(c(x, scale=s), f(x, scale=s))
+    torch.testing.assert_close(c(x, scale=s, bias=b), f(x, scale=s, bias=b))
+    torch.testing.assert_close(c(x, bias=b, scale=s, act="tanh"), f(x, scale=s, bias=b, act="tanh"))
+    assert len(c.report().graphs) == 3
+
+
+# ---- the CompiledModule wrapper --------------------------------------------------------------------
+
+def test_compiled_module_forwards_to_the_model_but_is_not_one():
+    model = mlp()
+    c = compile_i(model)
+    assert not isinstance(c, torch.nn.Module)
+    assert c.training is True and c.eval() is c and c.training is False and model.training is False
+    assert c.train() is c and model.training is True
+    assert c.state_dict().keys() == model.state_dict().keys()
+    assert [p for p in c.parameters()] == [p for p in model.parameters()]
+    assert c.model is model and minicomp.compile(c).model is model  # recompiling unwraps
+    assert repr(c).startswith("CompiledModule(Sequential(") and "interpret" in repr(c)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(c.forward(x), model(x))
+    assert len(c.report().graphs) == 1, "compiled.forward is the compiled call"
+    with pytest.raises(AttributeError):
+        c.no_such_attribute
+
+
+def test_compiling_a_plain_function_keeps_its_doc():
+    def f(x):
+        """Doubles."""
+        return x * 2
+    c = compile_i(f)
+    assert c.__doc__ == "Doubles." and c.__wrapped__ is f and c.__name__ == "f"
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError) as e:
+        minicomp.compile(torch.sin, backend="tpu")
+    assert "'tpu'" in str(e.value) and all(b in str(e.value) for b in ("auto", "interpret", "cpu", "cuda"))
+    with pytest.raises(TypeError, match="module or function"):
+        minicomp.compile(3)
+
+
+def test_strict_names_the_unsupported_op_and_source_line():
+    def f(x):
+        return torch.cumsum(x, 0) * 2
+    with pytest.raises(minicomp.UnsupportedOpError) as e:
+        compile_i(f, strict=True)(torch.randn(4))
+    assert "aten.cumsum" in str(e.value) and "test_api.py" in str(e.value) and "torch.cumsum(x, 0)" in str(e.value)
+
+
+def test_unsupported_op_runs_as_extern_and_is_reported():
+    c = compile_i(lambda x: torch.cumsum(x, 0) * 2)
+    x = torch.randn(4)
+    torch.testing.assert_close(c(x), torch.cumsum(x, 0) * 2)
+    assert c.report().graphs[0].externs == ["aten.cumsum.default"]
+    assert "externs: aten.cumsum.default" in str(c.report())
+
+
+# ---- torch.compile(backend="minicomp") -------------------------------------------------------------
+
+def test_torch_compile_backend_after_import():
+    model = mlp()
+    x = torch.randn(3, 8)
+    c = torch.compile(model, backend="minicomp", options={"backend": "interpret"})
+    torch.testing.assert_close(c(x), model(x))
+
+
+def test_dynamo_backend_entry_point_is_installed():
+    eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    assert [e.value for e in eps if e.name == "minicomp"] == ["minicomp.compiler.capture:minicomp_backend"]
+
+
+@pytest.mark.slow  # a fresh interpreter imports torch and Dynamo: ~10 s
+def test_torch_compile_backend_without_importing_minicomp():
+    script = textwrap.dedent("""
+        import sys, torch
+        model = torch.nn.Linear(4, 3)
+        x = torch.randn(2, 4)
+        c = torch.compile(model, backend="minicomp", options={"backend": "interpret"})
+        torch.testing.assert_close(c(x), model(x))
+        print("ok", "minicomp" in sys.modules)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINICOMP_")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["ok", "True"], "the entry point loaded minicomp"
+
+
+# ---- debug output -----------------------------------------------------------------------------------
+
+def test_debug_true_prints_one_summary_per_graph(capsys):
+    assert_matches_eager(mlp(), torch.randn(2, 8, requires_grad=True), debug=True)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("minicomp: ")]
+    assert len(lines) == 2
+    assert re.match(r"minicomp: forward_\d+ \[forward, interpret\]: \d+ fx nodes -> \d+ IR nodes", lines[0])
+    assert re.match(r"minicomp: backward_\d+ \[backward, interpret\]", lines[1])
+
+
+def test_debug_level_2_from_the_environment_prints_ir_after_each_pass(capsys, monkeypatch):
+    monkeypatch.setenv("MINICOMP_DEBUG", "2")
+    c = compile_i(lambda x: torch.exp(x) + 1)
+    c(torch.randn(3))
+    err = capsys.readouterr().err
+    for name, _ in PASSES:
+        assert f": ir_after_{name} ---" in err
+    block = err.split(": ir_after_dce ---\n", 1)[1]
+    graph = parse(block[:block.index("}\n") + 2])
+    assert [n.op for n in graph.nodes] == ["exp", "full", "add"]
+
+
+def _check_dump(folder, n_graphs):
+    graphs = sorted(os.listdir(folder))
+    assert len(graphs) == n_graphs
+    assert [g[:4] for g in graphs] == [f"{i:03d}_" for i in range(n_graphs)]
+    for g in graphs:
+        files = sorted(os.listdir(os.path.join(folder, g)))
+        assert all(re.fullmatch(r"\d\d_\w+\.txt", f) for f in files), files
+        stages = [f[3:-4] for f in files]
+        want = ["fx", "ir"] + [f"ir_after_{name}" for name, _ in PASSES]
+        assert [s for s in stages if s in want] == want, "fx, then the IR, then the IR after each pass, in order"
+        for f in files:
+            if f[3:].startswith("ir"):
+                parse(open(os.path.join(folder, g, f)).read())
+    return graphs
+
+
+def test_debug_path_dumps_numbered_files_per_graph(tmp_path, capsys):
+    assert_matches_eager(mlp(), torch.randn(2, 8, requires_grad=True), debug=str(tmp_path))
+    graphs = _check_dump(tmp_path, 2)
+    assert re.fullmatch(r"000_forward_\d+", graphs[0]) and re.fullmatch(r"001_backward_\d+", graphs[1])
+    assert "class GraphModule" in (tmp_path / graphs[0] / "00_fx.txt").read_text()
+
+
+def test_dump_dir_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINICOMP_DUMP_DIR", str(tmp_path))
+    c = compile_i(lambda x: x.sum(0))
+    c(torch.randn(2, 3))
+    c(torch.randn(4, 3))
+    _check_dump(tmp_path, 2)
+
+
+def test_report_reads_well():
+    c = compile_i(mlp())
+    with torch.no_grad():
+        c(torch.randn(2, 8))
+    text = str(c.report())
+    assert text.splitlines()[0] == "minicomp report: 1 graph(s), 0 kernel(s)"
+    assert re.fullmatch(r"  inference_\d+ \[inference, interpret\]: \d+ fx nodes -> \d+ IR nodes; "
+                        r"compiled in [\d.]+ ms", text.splitlines()[1])
