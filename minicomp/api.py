@@ -12,6 +12,7 @@ report and logged, never silent.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import types
 
@@ -28,6 +29,10 @@ from .report import Report
 log = logging.getLogger("minicomp")
 
 _SCALARS = (bool, int, float, str, type(None))  # Dynamo specializes on their values (dynamic=False)
+# torch >= 2.13 can give a compiled callable a Dynamo cache of its own, resumed frames included;
+# older torch gets the fresh trampoline code object only (graph breaks inside shared code then
+# share Dynamo's recompile limit, and the report says when frames run eagerly).
+_ISOLATE = {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
 
 
 def _trampoline(target):
@@ -38,6 +43,10 @@ def _trampoline(target):
 
 
 def _signature(model, args, kwargs) -> tuple:
+    training = model.training if isinstance(model, torch.nn.Module) else None
+    if not kwargs and all(isinstance(x, torch.Tensor) for x in args):  # the common case, without pytree
+        return ("tensors", torch.is_grad_enabled(), training) + tuple(
+            (x.shape, x.dtype, x.device, x.requires_grad, x.stride()) for x in args)
     leaves, spec = pytree.tree_flatten((args, kwargs))
     key = [torch.is_grad_enabled(), str(spec)]
     if isinstance(model, torch.nn.Module):
@@ -99,7 +108,7 @@ class CompiledModule:
 
     def _compile_and_run(self, key, args, kwargs):
         backend = make_backend(self.options, self._report)
-        program = torch.compile(_trampoline(self.model), backend=backend, dynamic=False, isolate_recompiles=True)
+        program = torch.compile(_trampoline(self.model), backend=backend, dynamic=False, **_ISOLATE)
         before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs)
         try:
             out = program(*args, **kwargs)
