@@ -53,7 +53,7 @@ def build_cpu(graph, ctx):
 
     knodes = [n for n in graph.nodes if n.op == "kernel"]
     t0 = time.perf_counter()
-    text, kernels = generate_module([n.meta["kernel"] for n in knodes], ctx.name)
+    text, kernels = generate_module([n.meta["kernel"] for n in knodes])  # no graph name: a stable cache key
     ctx.dump.stage("kernels", "\n".join(format_kernel(k) for k in kernels), level=3)
     ctx.dump.stage("llvm", text, level=4)
     jit = JitModule(text) if knodes else None
