@@ -167,8 +167,10 @@ class KernelCodegen:
                 new = (b.add if r.op == "sum" else b.mul)(cur, x)
             b.store(new, acc)
         elif r.op in ("amax", "amin"):
-            if dt in FLOATS:
-                b.store(self.ops.intr("maxnum" if r.op == "amax" else "minnum", cur, x), acc)
+            if dt in FLOATS:  # nnan lets LLVM vectorize the reduction; NaNs are tracked in `nan` instead
+                fn = self.module.declare_intrinsic(f"llvm.{'maxnum' if r.op == 'amax' else 'minnum'}", [cur.type],
+                                                   ir.FunctionType(cur.type, [cur.type, cur.type]))
+                b.store(b.call(fn, [cur, x], fastmath=("nnan", "nsz")), acc)
                 b.store(b.or_(b.load(nan), b.fcmp_unordered("uno", x, x)), nan)
             else:
                 b.store(self.ops.emit("maximum" if r.op == "amax" else "minimum", [cur, x], dt, {}, [dt, dt]), acc)
