@@ -16,7 +16,9 @@ FLOPS_PER_BYTE = {"cpu": 4.0, "cuda": 40.0, "cuda_emu": 40.0}
 def resolve_backend(name: str) -> str:
     if name == "auto":
         return "cpu"
-    if name in ("cuda", "cuda_emu"):
+    if name == "cuda_emu":
+        return name
+    if name == "cuda":
         raise NotImplementedError(f"minicomp: backend {name!r} is not built yet; use 'cpu' or 'interpret'")
     return name
 
@@ -26,6 +28,9 @@ def kernel_ops(backend: str):
     if backend == "cpu":
         from ..codegen.llvm_ops import SUPPORTED_OPS
         return SUPPORTED_OPS, FLOPS_PER_BYTE["cpu"]
+    if backend == "cuda_emu":
+        from ..codegen.cuda_ops import SUPPORTED_OPS
+        return SUPPORTED_OPS, FLOPS_PER_BYTE["cuda_emu"]
     return None, 0.0
 
 
@@ -35,6 +40,9 @@ def build(graph, ctx, backend: str):
         return prepare(graph), {}
     if backend == "cpu":
         return build_cpu(graph, ctx)
+    if backend == "cuda_emu":
+        from .backend_cuda import build_cuda_emu
+        return build_cuda_emu(graph, ctx)
     raise ValueError(f"unknown backend {backend!r}")
 
 

@@ -1,0 +1,118 @@
+"""cuda_emu: the CUDA C of the `cuda` backend, compiled by the host g++ against cuda_emu.h and run on
+the CPU, so the exact kernels a GPU would run are tested without one.
+
+One shared library per graph (all its kernels in one translation unit), cached on disk like CUBINs;
+the emulation runtime (threads, barriers, shuffles) is one more library, built once and loaded
+globally so kernel libraries link against it. Launches take pointers to argument values, as
+cuLaunchKernel does.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import tempfile
+import threading
+
+from ..errors import MinicompError
+from . import cache
+from .nvrtc import numbered
+
+VERSION = "minicomp-cuda-emu-1"
+FLAGS = ["-x", "c++", "-O1", "-std=c++20", "-pthread", "-fPIC", "-shared", "-fno-strict-aliasing"]
+HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_emu.h")
+_LAUNCH_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_lock = threading.Lock()
+_state: dict = {}
+
+
+class EmuCompileError(MinicompError):
+    pass
+
+
+def _cxx() -> str:
+    return os.environ.get("CXX", "g++")
+
+
+def _cxx_version() -> str:
+    with _lock:
+        if "version" not in _state:
+            out = subprocess.run([_cxx(), "--version"], capture_output=True, text=True, check=True)
+            _state["version"] = out.stdout.splitlines()[0]
+        return _state["version"]
+
+
+def _shared_library(source: str, headers: dict, mode: int = ctypes.RTLD_LOCAL) -> ctypes.CDLL:
+    """Compile (or fetch from the cache) `source` with `headers` beside it, and load it."""
+    with open(HEADER) as f:
+        emu_header = f.read()
+    k = cache.key(VERSION, _cxx_version(), " ".join(FLAGS), emu_header,
+                  *[f"{n}\0{t}" for n, t in sorted(headers.items())], source)
+    path = os.path.join(cache.cache_dir(), "cuda_emu", k)  # dlopen needs a file: load the entry in place
+    if os.path.exists(path):
+        try:
+            return ctypes.CDLL(path, mode=mode)
+        except OSError:  # a corrupt entry: rebuild it
+            cache.drop("cuda_emu", k)
+    with tempfile.TemporaryDirectory(prefix="minicomp-emu-") as d:
+        for name, text in {**headers, "cuda_emu.h": emu_header}.items():
+            with open(os.path.join(d, name), "w") as f:
+                f.write(text)
+        out = os.path.join(d, "module.so")
+        proc = subprocess.run([_cxx(), *FLAGS, "-I", d, "-o", out, "-"], input=source, text=True,
+                              capture_output=True)
+        if proc.returncode != 0:
+            raise EmuCompileError(f"cuda_emu: {_cxx()} could not compile the kernels:\n{proc.stderr}\n"
+                                  f"source:\n{numbered(source)}")
+        with open(out, "rb") as f:
+            cache.put("cuda_emu", k, f.read())
+        return ctypes.CDLL(path if os.path.exists(path) else out, mode=mode)
+
+
+def _runtime() -> ctypes.CDLL:
+    """The emulation runtime, loaded with RTLD_GLOBAL: kernel libraries resolve mc_emu_* from it."""
+    with _lock:
+        lib = _state.get("runtime")
+    if lib is None:
+        lib = _shared_library('#define MC_EMU_RUNTIME\n#include "cuda_emu.h"\n', {}, ctypes.RTLD_GLOBAL)
+        lib.mc_emu_error.restype = ctypes.c_char_p
+        with _lock:
+            _state["runtime"] = lib
+    return lib
+
+
+class EmuModule:
+    """The kernels of one CUDA source; `function(name)` launches through cuda_emu's runtime.
+    `headers`: name -> text of files the source includes (the prelude)."""
+
+    def __init__(self, source: str, names: list, headers: dict):
+        _runtime()
+        thunks = "".join(f"static void mc_emu_run_{n}(void** a) {{ mc_emu_call({n}, a); }}\n"
+                         f'extern "C" int mc_emu_launch_{n}(const unsigned* cfg, void** a) '
+                         f"{{ return mc_emu_launch(cfg, mc_emu_run_{n}, a); }}\n" for n in names)
+        self.lib = _shared_library('#include "cuda_emu.h"\n' + source + "\n" + thunks, headers)
+
+    def function(self, name: str):
+        return _LAUNCH_T(("mc_emu_launch_" + name, self.lib))
+
+
+class EmuLaunch:
+    """A program step: launch one kernel with the env slots of its buffers as arguments."""
+
+    def __init__(self, module: EmuModule, name: str, grid: int, block: int, shared_bytes: int, slots: list):
+        self.module, self.name, self.slots = module, name, slots
+        self.fn = module.function(name)
+        self.cfg = (ctypes.c_uint * 7)(grid, 1, 1, block, 1, 1, shared_bytes)
+        self.values = (ctypes.c_void_p * max(len(slots), 1))()
+        base = ctypes.addressof(self.values)
+        self.args = (ctypes.c_void_p * max(len(slots), 1))(*[base + i * ctypes.sizeof(ctypes.c_void_p)
+                                                               for i in range(len(slots))])
+
+    def __call__(self, env: list) -> None:
+        for i, s in enumerate(self.slots):
+            self.values[i] = env[s].data_ptr()
+        rc = self.fn(ctypes.addressof(self.cfg), ctypes.addressof(self.args))
+        if rc == 3:
+            raise RuntimeError(f"cuda_emu: kernel {self.name}: {_runtime().mc_emu_error().decode()}")
+        if rc != 0:
+            raise RuntimeError(f"cuda_emu: launch of {self.name} refused (code {rc})")
