@@ -1,17 +1,15 @@
 """The CUDA backends' construction: fused graph -> CUDA C (codegen/cuda.py) -> a runtime Program.
 
-`cuda_emu` builds the exact source the `cuda` backend gives NVRTC, compiles it for the host with
-runtime/cuda_emu.h, and runs it on CPU tensors: kernel steps are emulated launches, torch steps and
-the arena are runtime/cpu.py's. Launches are capped to small grids and blocks (every CUDA thread is
+`cuda` compiles the source with NVRTC for the device's exact architecture and launches it with pycuda
+(runtime/cuda.py), replayed as a CUDA Graph (runtime/cuda_graph.py). `cuda_emu` builds the exact same
+source, compiles it for the host with runtime/cuda_emu.h, and runs it on CPU tensors: kernel steps are
+emulated launches, torch steps and the arena are the ordinary Program's. Launches are capped to small grids and blocks (every CUDA thread is
 an OS thread); the kernels are grid-stride, so their results do not depend on the launch size.
 """
 from __future__ import annotations
 
 import os
 import time
-
-from ..ir import DTYPES
-from ..report import KernelReport
 
 EMU_MAX_GRID = 2
 EMU_MAX_BLOCK = 128
@@ -33,60 +31,61 @@ def prelude_headers() -> dict:
         return {cuda.PRELUDE: f.read()}
 
 
-def build_cuda_emu(graph, ctx):
+def _generate(graph, ctx, **caps):
     from ..codegen.collapse import collapse
     from ..codegen.cuda import generate
     from ..ir.kernel import format_kernel
-    from ..runtime.cpu import Program, TorchCall
-    from ..runtime.cuda_emu import EmuLaunch, EmuModule
-    from .backends import _step_reports, _timed, _torch_fn
-
-    knodes = [n for n in graph.nodes if n.op == "kernel"]
-    kernels = [n.meta["kernel"] for n in knodes]
-    t0 = time.perf_counter()
-    source, launches = generate(kernels, sm_count=sm_count(), max_grid=EMU_MAX_GRID, max_block=EMU_MAX_BLOCK)
+    kernels = [n.meta["kernel"] for n in graph.nodes if n.op == "kernel"]
+    source, launches = generate(kernels, sm_count=sm_count(), **caps)
     ctx.dump.stage("kernels", "\n".join(format_kernel(collapse(k)) for k in kernels), level=3)
     ctx.dump.stage("cuda", source, level=4)
-    module = EmuModule(source, [k.name for k in kernels], prelude_headers()) if knodes else None
+    return kernels, source, {launch.name: launch for launch in launches}
+
+
+def build_cuda_emu(graph, ctx):
+    from ..runtime.cuda_emu import EmuLaunch, EmuModule
+    from .backends import assemble
+
+    t0 = time.perf_counter()
+    kernels, source, launches = _generate(graph, ctx, max_grid=EMU_MAX_GRID, max_block=EMU_MAX_BLOCK)
+    module = EmuModule(source, [k.name for k in kernels], prelude_headers()) if kernels else None
     codegen_s = time.perf_counter() - t0
 
-    slot = {n: i for i, n in enumerate(graph.inputs)}
-    constants = [n for n in graph.nodes if n.op == "constant"]
-    for n in constants:
-        slot[n] = len(slot)
-    for n in graph.nodes:
-        if n not in slot:
-            slot[n] = len(slot)
-    kernel_inputs = {a for kn in knodes for a in kn.args}  # kernels read contiguous buffers
-    results: dict = {}
-    for n in graph.nodes:
-        if n.op == "getitem" and n.args[0].op == "kernel":
-            results.setdefault(n.args[0], {})[n.attrs["index"]] = n
-    outputs = set(o for o in graph.outputs if o is not None)
-    buffers, reports = [], []
-    for n, k, launch in zip(knodes, kernels, launches):
-        outs = results.get(n, {})
-        slots = [slot[n.args[j]] if kind == "arg" else slot[outs[j]] for kind, j in n.meta["io"]]
-        n.meta["launch"] = EmuLaunch(module, k.name, launch.grid, launch.block, launch.shared_bytes, slots)
-        reports.append(KernelReport(k.name, ctx.name, list(k.ops), k.bytes_read, k.bytes_written, k.flops))
-        for j, g in outs.items():
-            buffers.append((slot[g], g.type.shape, DTYPES[g.type.dtype],
-                            None if g in outputs else g.meta["arena_offset"]))
-    steps = []
-    for n in graph.nodes:
-        if n.op in ("constant", "input") or (n.op == "getitem" and n.args[0].op == "kernel"):
-            continue
-        if n.op == "kernel":
-            steps.append(n.meta["launch"])
-        else:
-            steps.append(TorchCall(_torch_fn(n), [slot[a] for a in n.args], slot[n], n in kernel_inputs))
-    if os.environ.get("MINICOMP_PROFILE") == "1":
-        steps = [_timed(s, r) for s, r in zip(steps, _step_reports(graph, reports))]
-    program = Program(len(graph.inputs), [graph.constants[c.attrs["name"]] for c in constants], steps, buffers,
-                      [None if o is None else slot[o] for o in graph.outputs], ctx.arena_bytes, len(slot))
-    program.module = module  # the loaded kernels live as long as the program
-    ctx.report.kernels.extend(reports)
-    detail = {"kernels": len(knodes), "torch_ops": sum(not isinstance(s, EmuLaunch) for s in steps),
-              "arena_bytes": ctx.arena_bytes, "remat_bytes_saved": ctx.remat_bytes_saved,
-              "strategies": [launch.strategy for launch in launches], "codegen_ms": round(codegen_s * 1e3, 1)}
+    def launch(k, slots):
+        lc = launches[k.name]
+        return EmuLaunch(module, k.name, lc.grid, lc.block, lc.shared_bytes, slots)
+    program, detail = assemble(graph, ctx, kernels, launch, module)
+    detail.update(strategies=[launches[k.name].strategy for k in kernels], codegen_ms=round(codegen_s * 1e3, 1))
     return program, detail
+
+
+def build_cuda(graph, ctx):
+    """NVRTC -> CUBIN for this GPU -> pycuda; the whole program replayed as a CUDA Graph unless
+    cuda_graphs=False (then each call runs the steps on the shared stream)."""
+    import torch
+
+    from ..runtime import nvrtc
+    from ..runtime.cuda import CudaLaunch, CudaModule, arch, context
+    from ..runtime.cuda_graph import GraphReplay
+    from .backends import assemble
+
+    t0 = time.perf_counter()
+    kernels, source, launches = _generate(graph, ctx)
+    binary = nvrtc.compile(source, arch(), prelude_headers()) if kernels else None
+    module = CudaModule(binary.data, [k.name for k in kernels]) if kernels else None
+    codegen_s = time.perf_counter() - t0
+
+    def launch(k, slots):
+        lc = launches[k.name]
+        return CudaLaunch(module, k.name, lc.grid, lc.block, lc.shared_bytes, slots)
+    program, detail = assemble(graph, ctx, kernels, launch, module, device=f"cuda:{torch.cuda.current_device()}")
+    stream = context()[2]
+    detail.update(strategies=[launches[k.name].strategy for k in kernels], codegen_ms=round(codegen_s * 1e3, 1),
+                  binary=binary.kind if binary else None, cuda_graphs=ctx.options.cuda_graphs)
+    if ctx.options.cuda_graphs:
+        return GraphReplay(program, stream), detail
+
+    def run(*inputs):
+        with torch.cuda.stream(stream):
+            return program(*inputs)
+    return run, detail

@@ -2,24 +2,35 @@
 and runtime/; this is the only place that knows the list."""
 from __future__ import annotations
 
+import math
 import os
 import time
 
-import torch
-
+from ..errors import MinicompError
 from ..ir import OPS, DTYPES, prepare
 from ..report import KernelReport
 
 FLOPS_PER_BYTE = {"cpu": 4.0, "cuda": 40.0, "cuda_emu": 40.0}
 
 
-def resolve_backend(name: str) -> str:
-    if name == "auto":
-        return "cpu"
-    if name == "cuda_emu":
-        return name
-    if name == "cuda":
-        raise NotImplementedError(f"minicomp: backend {name!r} is not built yet; use 'cpu' or 'interpret'")
+def cuda_ready() -> bool:
+    """A GPU and the [cuda] extras (pycuda, NVRTC) are both here."""
+    import importlib.util
+
+    import torch
+    return torch.cuda.is_available() and all(importlib.util.find_spec(m) for m in ("pycuda", "cuda.bindings"))
+
+
+def resolve_backend(name: str, device: str = "cpu") -> str:
+    """`auto` follows the inputs: `cuda` for CUDA tensors (with the extras), else `cpu`."""
+    if name == "auto":  # CUDA tensors without the extras still run correctly, through torch
+        name = ("cuda" if cuda_ready() else "interpret") if device == "cuda" else "cpu"
+    if name == "cuda" and not cuda_ready():
+        raise MinicompError("minicomp: backend 'cuda' needs an NVIDIA GPU and the [cuda] extras "
+                            "(pip install -e '.[cuda]'); use 'cpu' or 'cuda_emu'")
+    if name in ("cpu", "cuda_emu") and device != "cpu":
+        raise MinicompError(f"minicomp: backend {name!r} runs on CPU tensors, got {device} tensors; "
+                            "use backend='cuda' or 'auto'")
     return name
 
 
@@ -28,9 +39,9 @@ def kernel_ops(backend: str):
     if backend == "cpu":
         from ..codegen.llvm_ops import SUPPORTED_OPS
         return SUPPORTED_OPS, FLOPS_PER_BYTE["cpu"]
-    if backend == "cuda_emu":
+    if backend in ("cuda", "cuda_emu"):
         from ..codegen.cuda_ops import SUPPORTED_OPS
-        return SUPPORTED_OPS, FLOPS_PER_BYTE["cuda_emu"]
+        return SUPPORTED_OPS, FLOPS_PER_BYTE[backend]
     return None, 0.0
 
 
@@ -43,21 +54,65 @@ def build(graph, ctx, backend: str):
     if backend == "cuda_emu":
         from .backend_cuda import build_cuda_emu
         return build_cuda_emu(graph, ctx)
+    if backend == "cuda":
+        from .backend_cuda import build_cuda
+        return build_cuda(graph, ctx)
     raise ValueError(f"unknown backend {backend!r}")
 
 
-def _torch_fn(node):
+def _torch_fn(node, device):
     ref, attrs = OPS[node.op].ref, node.attrs
     if node.op == "getitem":
         i = attrs["index"]
         return lambda t: t[i]
-    return lambda *xs: ref(list(xs), attrs, "cpu")
+    return lambda *xs: ref(list(xs), attrs, device)
+
+
+def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
+    """A fused graph's Program, for any backend: env slots for every value, one step per torch op,
+    and `make_launch(kernel, slots)` for each kernel node (slots: its buffers' env slots in
+    Kernel.buffers order). Returns (program, report detail)."""
+    from ..runtime.program import Program, TorchCall
+    knodes = [n for n in graph.nodes if n.op == "kernel"]
+    slot = {n: i for i, n in enumerate(graph.inputs)}
+    constants = [n for n in graph.nodes if n.op == "constant"]
+    for n in constants + graph.nodes:
+        slot.setdefault(n, len(slot))
+    kernel_inputs = {a for kn in knodes for a in kn.args}  # torch results kernels read: made contiguous
+    results: dict = {}
+    for n in graph.nodes:
+        if n.op == "getitem" and n.args[0].op == "kernel":
+            results.setdefault(n.args[0], {})[n.attrs["index"]] = n
+    outputs = set(o for o in graph.outputs if o is not None)
+    launches, buffers, reports = {}, [], []
+    for n, k in zip(knodes, kernels):
+        outs = results.get(n, {})
+        launches[n] = make_launch(k, [slot[n.args[j]] if kind == "arg" else slot[outs[j]] for kind, j in n.meta["io"]])
+        reports.append(KernelReport(k.name, ctx.name, list(k.ops), k.bytes_read, k.bytes_written, k.flops))
+        for j, g in outs.items():
+            buffers.append((slot[g], g.type.shape, DTYPES[g.type.dtype],
+                            None if g in outputs else g.meta["arena_offset"]))
+    steps = []
+    for n in graph.nodes:
+        if n.op in ("constant", "input") or (n.op == "getitem" and n.args[0].op == "kernel"):
+            continue
+        steps.append(launches[n] if n.op == "kernel" else
+                     TorchCall(_torch_fn(n, device), [slot[a] for a in n.args], slot[n], n in kernel_inputs))
+    if os.environ.get("MINICOMP_PROFILE") == "1":
+        steps = [_timed(s, r) for s, r in zip(steps, _step_reports(graph, reports))]
+    program = Program(len(graph.inputs), [graph.constants[c.attrs["name"]] for c in constants], steps, buffers,
+                      [None if o is None else slot[o] for o in graph.outputs], ctx.arena_bytes, len(slot), device)
+    program.keepalive = keepalive  # the kernels' machine code lives as long as the program
+    ctx.report.kernels.extend(reports)
+    detail = {"kernels": len(knodes), "torch_ops": len(steps) - len(knodes), "arena_bytes": ctx.arena_bytes,
+              "remat_bytes_saved": ctx.remat_bytes_saved}
+    return program, detail
 
 
 def build_cpu(graph, ctx):
     from ..codegen.llvm import generate_module, outer_extent
     from ..ir.kernel import format_kernel
-    from ..runtime.cpu import JitModule, KernelLaunch, Program, TorchCall
+    from ..runtime.cpu import JitModule, KernelLaunch
 
     knodes = [n for n in graph.nodes if n.op == "kernel"]
     t0 = time.perf_counter()
@@ -67,50 +122,11 @@ def build_cpu(graph, ctx):
     jit = JitModule(text) if knodes else None
     codegen_s = time.perf_counter() - t0
 
-    slot = {n: i for i, n in enumerate(graph.inputs)}
-    constants = [n for n in graph.nodes if n.op == "constant"]
-    for n in constants:
-        slot[n] = len(slot)
-    for n in graph.nodes:
-        if n not in slot:
-            slot[n] = len(slot)
-    # values kernels read must be contiguous: torch results feeding a kernel are made so
-    kernel_inputs = {a for kn in knodes for a in kn.args}
-    steps, buffers, reports = [], [], []
-    results = {}
-    for n in graph.nodes:
-        if n.op == "getitem" and n.args[0].op == "kernel":
-            results.setdefault(n.args[0], {})[n.attrs["index"]] = n
-    outputs = set(o for o in graph.outputs if o is not None)
-    for n, k in zip(knodes, kernels):
-        outs = results.get(n, {})
-        slots = []
-        for kind, j in n.meta["io"]:
-            slots.append(slot[n.args[j]] if kind == "arg" else slot[outs[j]])
-        work = 1
-        for v in k.outer + k.inner:
-            work *= v.size
-        n.meta["launch"] = KernelLaunch(jit.address(k.name), slots, outer_extent(k), work, k.name)
-        reports.append(KernelReport(k.name, ctx.name, list(k.ops), k.bytes_read, k.bytes_written, k.flops))
-        for j, g in outs.items():
-            buffers.append((slot[g], g.type.shape, DTYPES[g.type.dtype],
-                            None if g in outputs else g.meta["arena_offset"]))
-    for n in graph.nodes:
-        if n.op in ("constant", "input") or (n.op == "getitem" and n.args[0].op == "kernel"):
-            continue
-        if n.op == "kernel":
-            steps.append(n.meta["launch"])
-        else:
-            steps.append(TorchCall(_torch_fn(n), [slot[a] for a in n.args], slot[n], n in kernel_inputs))
-    if os.environ.get("MINICOMP_PROFILE") == "1":
-        steps = [_timed(s, r) for s, r in zip(steps, _step_reports(graph, reports))]
-    program = Program(len(graph.inputs), [graph.constants[c.attrs["name"]] for c in constants], steps, buffers,
-                      [None if o is None else slot[o] for o in graph.outputs], ctx.arena_bytes, len(slot))
-    program.jit = jit  # the machine code lives as long as the program
-    ctx.report.kernels.extend(reports)
-    detail = {"kernels": len(knodes), "torch_ops": sum(not isinstance(s, KernelLaunch) for s in steps),
-              "arena_bytes": ctx.arena_bytes, "remat_bytes_saved": ctx.remat_bytes_saved,
-              "llvm_cached": bool(jit and jit.cached), "codegen_ms": round(codegen_s * 1e3, 1)}
+    def launch(k, slots):
+        work = math.prod(v.size for v in k.outer + k.inner)
+        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), work, k.name)
+    program, detail = assemble(graph, ctx, kernels, launch, jit)
+    detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=round(codegen_s * 1e3, 1))
     return program, detail
 
 
@@ -136,5 +152,3 @@ def _timed(step, report):
         report.time_s += (time.perf_counter() - t - report.time_s) / calls[0]
     return run
 
-
-__all__ = ["resolve_backend", "kernel_ops", "build", "torch"]

@@ -48,7 +48,8 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     from .backends import build, kernel_ops, resolve_backend  # backends import codegen/runtime lazily
     t0 = time.perf_counter()
     name = f"{kind}_{next(_names)}"
-    backend = resolve_backend(options.backend)
+    devices = {str(x.device.type) for x in example_inputs if isinstance(x, torch.Tensor)}
+    backend = resolve_backend(options.backend, "cuda" if "cuda" in devices else "cpu")
     ctx = Context(options, Dumper(options, name), report, name)
     ctx.kernel_ops, ctx.flops_per_byte = kernel_ops(backend)
     ctx.dump.stage("fx", gm.print_readable(print_output=False), level=3)
