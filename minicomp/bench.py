@@ -29,7 +29,7 @@ import torch.utils._pytree as pytree
 import minicomp
 from minicomp.options import BACKENDS
 
-from minicomp.bench_cases import CASE_NAMES, make_case
+from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, make_case
 
 TOLERANCE = 1e-4  # max abs error allowed, relative to max(1, max |eager output|)
 
@@ -58,19 +58,22 @@ def _calibrate(fn, target_s: float) -> int:
     return max(1, min(10_000, math.ceil(target_s / max(once, 1e-9))))
 
 
-def time_interleaved(fns: dict, reps: int, target_s: float = 2e-3) -> dict:
-    """{name: median seconds per call}, sampled round-robin over `fns` (zero-argument callables)."""
+def time_interleaved(fns: dict, reps: int, target_s: float = 2e-3, sync=lambda: None) -> dict:
+    """{name: median seconds per call}, sampled round-robin over `fns` (zero-argument callables).
+    `sync` waits for queued device work (torch.cuda.synchronize) so samples time the work, not the queueing."""
     for fn in fns.values():
         fn()  # warm-up: caches, allocator, lazy compiles
-    inner = {name: _calibrate(fn, target_s) for name, fn in fns.items()}
+    inner = {name: _calibrate(lambda: (fn(), sync()), target_s) for name, fn in fns.items()}
     samples = {name: [] for name in fns}
     names = list(fns)
     for r in range(reps):
         for name in names[r % len(names):] + names[:r % len(names)]:
             fn, n = fns[name], inner[name]
+            sync()
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()
+            sync()
             samples[name].append((time.perf_counter() - t0) / n)
     return {name: statistics.median(s) for name, s in samples.items()}
 
@@ -106,8 +109,8 @@ def _timed_first_call(fn, inputs) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int) -> dict:
-    case = make_case(name, quick)
+def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int, device: str = "cpu") -> dict:
+    case = make_case(name, quick, device)
     fn, inputs = case.fn, case.inputs
     # Dynamo keeps compiled code on the function's code object; start each case from nothing, so
     # compile times are cold and a rerun of the same case (as in tests) cannot hit an old entry.
@@ -135,12 +138,12 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int)
         inductor, inductor_compile_s, inductor_again_s = None, None, None
         notes.append(f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
 
-    src = torch.randn(copy_elems)
+    src = torch.randn(copy_elems, device=device)
     dst = torch.empty_like(src)
     fns = {"eager": lambda: fn(*inputs), "minicomp": lambda: compiled(*inputs), "copy": lambda: dst.copy_(src)}
     if inductor is not None:
         fns["inductor"] = lambda: inductor(*inputs)
-    t = time_interleaved(fns, reps)
+    t = time_interleaved(fns, reps, sync=torch.cuda.synchronize if device != "cpu" else lambda: None)
 
     moved = _nbytes(_tensors(inputs) + _state(fn) + _tensors(expected))
     copy_gbps = 2 * _nbytes([src]) / t["copy"] / 1e9
@@ -158,13 +161,14 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int)
     }
 
 
-def run_bench(cases=None, backend: str = "auto", reps: int | None = None, quick: bool = False) -> list:
+def run_bench(cases=None, backend: str = "auto", reps: int | None = None, quick: bool = False,
+              device: str = "cpu") -> list:
     """One row (a dict) per case; see format_table for the columns."""
     set_threads()
     reps = reps or (7 if quick else 30)
     copy_elems = (8 << 20) if quick else (32 << 20)
     with torch.no_grad():
-        return [bench_case(name, backend, reps, quick, copy_elems) for name in (cases or CASE_NAMES)]
+        return [bench_case(name, backend, reps, quick, copy_elems, device) for name in (cases or CASE_NAMES)]
 
 
 def geomean(xs) -> float:
@@ -214,13 +218,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m minicomp.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
     p.add_argument("--backend", default="auto", choices=BACKENDS)
-    p.add_argument("--cases", default=",".join(CASE_NAMES), help="comma-separated, from: " + ", ".join(CASE_NAMES))
+    p.add_argument("--cases", default=",".join(CASE_NAMES),
+                   help="comma-separated, from: " + ", ".join(CASE_NAMES + EXTRA_CASES))
+    p.add_argument("--device", default="cpu", help="where the inputs live: cpu or cuda")
     p.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 30, 7 with --quick)")
     args = p.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
-    unknown = [c for c in cases if c not in CASE_NAMES]
+    unknown = [c for c in cases if c not in CASE_NAMES + EXTRA_CASES]
     if unknown:
-        p.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASE_NAMES)}")
+        p.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASE_NAMES + EXTRA_CASES)}")
     set_threads()
     print(f"machine: {machine()}")
     print(f"backend: {args.backend}{' (quick)' if args.quick else ''}")
@@ -228,7 +234,7 @@ def main(argv=None) -> int:
         # cold compiles for both compilers: empty disk caches, private to this run
         os.environ["MINICOMP_CACHE_DIR"] = os.path.join(d, "minicomp")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(d, "inductor")
-        rows = run_bench(cases, args.backend, args.reps, args.quick)
+        rows = run_bench(cases, args.backend, args.reps, args.quick, args.device)
     print(format_table(rows))
     return 0 if all(r["ok"] for r in rows) else 1
 

@@ -4,7 +4,8 @@ Each case is a function of tensors plus the inputs to call it with. The set cove
 costs: `cos_cos`, `chain10`, `softmax`, `layernorm_gelu` and `rmsnorm_residual` are bound by
 memory bandwidth (fusion decides how many bytes move); `tiny_chain50` is pure overhead (16
 elements, 50 ops: launch and Python costs are everything); `gpt_block` mixes matrix multiplies
-(compute, done by BLAS) with the rest. `quick` shrinks the big ones so the whole table runs fast.
+(compute, done by BLAS) with the rest; `kernels100` (not in the default table) is 100 kernels that
+cannot fuse, for measuring per-launch cost and CUDA Graph replay. `quick` shrinks the big ones so the whole table runs fast.
 """
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ def _randn(*shape):
     return torch.randn(*shape)
 
 
+def _kernels100(x):
+    for i in range(100):  # each step reduces along the other dim: 100 kernels that cannot fuse
+        x = x - x.mean(i % 2, keepdim=True)
+    return x
+
+
 def _gpt_block():
     from minicomp.demo import Block  # demo imports the bench's timer: importing it here, late, avoids the cycle
     B, T, C, H = 4, 64, 128, 4
@@ -89,12 +96,20 @@ def _make(name: str, quick: bool) -> Case:
         return Case(name, _tiny_chain50, (_randn(16),), "16")
     if name == "gpt_block":
         return _gpt_block()
+    if name == "kernels100":
+        return Case(name, _kernels100, (_randn(64, 64),), "64x64")
     raise ValueError(f"unknown bench case {name!r}; choose from {', '.join(CASE_NAMES)}")
 
 
 CASE_NAMES = ("cos_cos", "chain10", "layernorm_gelu", "softmax", "rmsnorm_residual", "tiny_chain50", "gpt_block")
+EXTRA_CASES = ("kernels100",)  # launch overhead: the GPU check's CUDA Graph measurement
 
 
-def make_case(name: str, quick: bool = False) -> Case:
+def make_case(name: str, quick: bool = False, device: str = "cpu") -> Case:
     torch.manual_seed(0)
-    return _make(name, quick)
+    case = _make(name, quick)
+    if device != "cpu":
+        case.inputs = tuple(x.to(device) for x in case.inputs)
+        if isinstance(case.fn, torch.nn.Module):
+            case.fn = case.fn.to(device)
+    return case

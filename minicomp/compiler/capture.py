@@ -24,6 +24,9 @@ from .frontend import lower
 from .pipeline import run_passes
 
 _DECOMPOSITIONS = core_aten_decompositions()
+# ATen's CPU flash-attention decomposition returns the attention weights where its backward expects
+# the logsumexp (it is meant for inference export); lower_nn.py lowers the op whole instead.
+_DECOMPOSITIONS.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
 _names = itertools.count()
 
 

@@ -13,10 +13,13 @@ import operator
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import MinicompError, UnsupportedOpError
 from ..ir import Graph, Node, Ref, TensorType, dtype_name
-from . import lower_pointwise, lower_reduce, lower_view  # noqa: F401  (they fill the table)
+# the lower_* modules fill the lowering table when imported
+from . import lower_index, lower_nn, lower_pointwise, lower_pool, lower_reduce, lower_view  # noqa: F401
 from .lowering import LOWERINGS, Builder, Unsupported
 
 log = logging.getLogger("minicomp")
@@ -34,6 +37,31 @@ def source_line(fx_node: fx.Node) -> str:
             code = lines[i + 1] if i + 1 < len(lines) else ""
             return f"{file}:{where}: {code}".strip()
     return "(source line unknown)"
+
+
+# data checks that return nothing (one_hot's "class values must be non-negative"); like any op whose
+# result no output uses they would not survive dead-code elimination, so they are dropped here
+_RUNTIME_CHECKS = {torch.ops.aten._assert_async.msg, torch.ops.aten._assert_async.default,
+                   torch.ops.aten._assert_scalar.default, torch.ops.aten._assert_tensor_metadata.default}
+
+
+def _is_multi(typ) -> bool:
+    """A multi-result type (a tuple of types); a TensorType is a NamedTuple, so isinstance(tuple) won't do."""
+    return isinstance(typ, tuple) and not isinstance(typ, TensorType)
+
+
+def _static(val) -> bool:
+    """No symbolic sizes (an unbacked SymInt from nonzero() or .item() would need a guard to read)."""
+    tensors = [v for v in pytree.tree_leaves(val) if isinstance(v, torch.Tensor)]
+    return all(isinstance(s, int) for t in tensors for s in t.shape)
+
+
+def _complex(val, args, kwargs) -> bool:
+    """The lowerings treat every dtype as real; complex operands or results keep the op in torch."""
+    leaves = pytree.tree_leaves((val, args, kwargs))
+    return any((isinstance(v, torch.Tensor) and v.is_complex()) or isinstance(v, complex)
+               or (isinstance(v, Node) and isinstance(v.type, TensorType) and v.type.dtype in ("c64", "c128"))
+               for v in leaves)
 
 
 def _type_of(val):
@@ -78,7 +106,8 @@ class Lowerer:
                 self.env[node] = n
             elif node.op == "get_attr":
                 t = getattr(self.gm, node.target)
-                constants[node.target] = t.detach()
+                with unset_fake_temporarily():  # AOTAutograd calls us inside its fake mode
+                    constants[node.target] = t.detach()
                 n = Node("constant", (), {"name": node.target}, TensorType.of(t))
                 self.b.nodes.append(n)
                 self.env[node] = n
@@ -104,9 +133,14 @@ class Lowerer:
             if isinstance(src, Node):  # a multi-result extern
                 return self._emit_getitem(src, idx)
             return src[idx]
+        if node.target in _RUNTIME_CHECKS:
+            return None
         b, val = self.b, node.meta.get("val")
         b.val, b.target_name, b.fx_node = val, str(node.target), node
         b.meta = {"source": source_line(node), "fx": node.name}
+        if not _static(val):
+            raise MinicompError(f"{node.target} has a data-dependent shape; minicomp compiles static shapes only\n"
+                                f"  at {b.meta['source']}")
         mark = len(b.nodes)
         try:
             if isinstance(val, torch.Tensor) and val.numel() == 0:
@@ -115,6 +149,8 @@ class Lowerer:
                 fn = LOWERINGS.get(node.target)
                 if fn is None:
                     raise Unsupported("no lowering")
+                if _complex(val, args, kwargs):
+                    raise Unsupported("complex numbers run in torch")
                 result = fn(b, *args, **kwargs)
             self._check(node, result, val)
             return result
@@ -124,17 +160,25 @@ class Lowerer:
                 raise UnsupportedOpError(f"{node.target} is not supported by minicomp ({e})\n"
                                          f"  at {b.meta['source']}") from None
             return self._extern(node, args, kwargs, val, str(e))
+        except Exception as e:  # a bug in a lowering: say so, and stay correct by running the op in torch
+            del b.nodes[mark:]
+            if self.strict:
+                raise
+            log.warning("minicomp: internal: lowering of %s failed (%s: %s); running it as extern",
+                        node.target, type(e).__name__, e)
+            return self._extern(node, args, kwargs, val, f"internal: {type(e).__name__}: {e}")
 
     def _check(self, node, result, val):
+        """The lowering's types must be the FakeTensor's; a mismatch is our bug, so say so loudly."""
         want = _type_of(val)
-        got = result.type if isinstance(result, Node) else tuple(
-            r.type if isinstance(r, Node) else None for r in result) if isinstance(result, tuple) else None
-        if isinstance(want, tuple):
-            got_t = tuple(g for g, w in zip(got or (), want) if w is not None) if isinstance(got, tuple) else None
-            want_t = tuple(w for w in want if w is not None)
-            if got_t != want_t:
-                raise Unsupported(f"lowering produced {got}, expected {want}")
-        elif got != want:
+        if _is_multi(want):
+            parts = result if isinstance(result, tuple) else ()
+            got = tuple(r.type if isinstance(r, Node) else None for r in parts)
+            ok = len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want))
+        else:
+            got = result.type if isinstance(result, Node) else None
+            ok = got == want
+        if not ok:
             log.warning("minicomp: internal: lowering of %s produced %s, expected %s; running it as extern",
                         node.target, got, want)
             raise Unsupported(f"lowering produced {got}, expected {want}")
@@ -153,7 +197,7 @@ class Lowerer:
         ext = Node("extern", refs, attrs, typ, meta=dict(self.b.meta, reason=reason))
         self.b.nodes.append(ext)
         self.externs.append(str(node.target))
-        if isinstance(typ, tuple):
+        if _is_multi(typ):
             return tuple(self._emit_getitem(ext, i) if t is not None else None for i, t in enumerate(typ))
         return ext
 

@@ -76,7 +76,8 @@ class KernelBuilder:
         return None
 
     # -- expression building -----------------------------------------------------------------------
-    def mk(self, op, args=(), dtype=None, **attrs) -> KExpr:
+    def mk(self, op, args=(), dtype=None, /, **attrs) -> KExpr:
+        # positional-only: a cast's own `dtype` attribute lands in attrs, not in the result dtype
         e = KExpr(op, args, attrs, dtype)
         return self.memo.setdefault(e.key(), e)
 
@@ -112,6 +113,10 @@ class KernelBuilder:
             raise NotFusable(node, "reduction computed in another kernel", materialize=True)
         if cat not in ("pointwise", "view", "creation", "data") or node.op == "constant":
             raise NotFusable(node, f"{node.op} has no buffer", materialize=True)
+        for a in node.args:  # fail before inlining a long chain only to meet a foreign reduction
+            if (a.op in OPS and OPS[a.op].category == "reduction" and a not in self.reductions and a not in self.own
+                    and not self.has_buffer(a)):
+                raise NotFusable(a, "reduction computed in another kernel", materialize=True)
         self.ops.append(node)
         shape = node.type.shape
         if cat == "pointwise":

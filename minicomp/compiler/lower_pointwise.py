@@ -5,6 +5,7 @@ operand dtype for comparisons), then emit one IR op. Python scalars become 0-d `
 """
 from __future__ import annotations
 
+from ..ir.types import FLOATS
 from .lowering import Unsupported, aten, compute_dtype, lowering, result_dtype
 
 _UNARY = {
@@ -14,8 +15,8 @@ _UNARY = {
     aten.asin: "asin", aten.acos: "acos", aten.atan: "atan", aten.sinh: "sinh", aten.cosh: "cosh",
     aten.tanh: "tanh", aten.asinh: "asinh", aten.acosh: "acosh", aten.atanh: "atanh",
     aten.sigmoid: "sigmoid", aten.erf: "erf", aten.erfc: "erfc", aten.erfinv: "erfinv",
-    aten.floor: "floor", aten.ceil: "ceil", aten.trunc: "trunc", aten.frac: "frac", aten.sign: "sign",
-    aten.sgn: "sign", aten.relu: "relu", aten.silu: "silu", aten.bitwise_not: "bitwise_not",
+    aten.floor: "floor", aten.ceil: "ceil", aten.round.default: "round", aten.trunc: "trunc", aten.frac: "frac",
+    aten.sign: "sign", aten.sgn: "sign", aten.relu: "relu", aten.silu: "silu", aten.bitwise_not: "bitwise_not",
 }
 _PREDICATES = {aten.isnan: "isnan", aten.isinf: "isinf", aten.logical_not: "logical_not"}
 _ARITH = {
@@ -27,10 +28,16 @@ _COMPARE = {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt:
             aten.logical_and: "logical_and", aten.logical_or: "logical_or", aten.logical_xor: "logical_xor"}
 
 
+# rounding an integer, or the sign of a bool, changes nothing
+_INT_IDENTITY = ("floor", "ceil", "round", "trunc")
+
+
 def _unary(op):
     def lower(b, x):
         if op == "bitwise_not" and x.type.dtype == "b8":
             return b.emit("logical_not", x)
+        if (op in _INT_IDENTITY and x.type.dtype not in FLOATS) or (op == "sign" and x.type.dtype == "b8"):
+            return x
         if x.type.dtype in ("f16", "bf16") and op not in ("neg", "abs", "relu", "sign", "floor", "ceil", "trunc"):
             return b.cast(b.emit(op, b.cast(x, "f32")), b.out_dtype)
         return b.emit(op, b.cast(x, b.out_dtype))
@@ -43,10 +50,14 @@ for _t, _op in _PREDICATES.items():
     lowering(_t)(lambda b, x, _op=_op: b.emit(_op, x))
 
 
+# on bools, torch's arithmetic is logic: mul is and, max is or
+_BOOL_ARITH = {"mul": "logical_and", "maximum": "logical_or", "minimum": "logical_and", "add": "logical_or"}
+
+
 def _binary(op):
     def lower(b, x, y):
         dt = b.out_dtype
-        return b.emit(op, b.tensor(x, dt), b.tensor(y, dt))
+        return b.emit(_BOOL_ARITH.get(op, op) if dt == "b8" else op, b.tensor(x, dt), b.tensor(y, dt))
     return lower
 
 
@@ -71,7 +82,8 @@ def _add_sub(b, x, y, alpha=1):
     y = b.tensor(y, dt)
     if alpha != 1:
         y = b.emit("mul", y, b.full(alpha, dt))
-    return b.emit("add" if b.target_name.startswith("aten.add") else "sub", b.tensor(x, dt), y)
+    op = "add" if b.target_name.startswith("aten.add") else "sub"
+    return b.emit(_BOOL_ARITH.get(op, op) if dt == "b8" else op, b.tensor(x, dt), y)
 
 
 @lowering(aten.rsub)
@@ -120,9 +132,9 @@ def _clamp(b, x, lo=None, hi=None):
     dt = b.out_dtype
     out = b.tensor(x, dt)
     if lo is not None:
-        out = b.emit("maximum", out, b.tensor(lo, dt))
+        out = b.emit(_BOOL_ARITH["maximum"] if dt == "b8" else "maximum", out, b.tensor(lo, dt))
     if hi is not None:
-        out = b.emit("minimum", out, b.tensor(hi, dt))
+        out = b.emit(_BOOL_ARITH["minimum"] if dt == "b8" else "minimum", out, b.tensor(hi, dt))
     return out
 
 
@@ -182,3 +194,47 @@ def _nan_to_num(b, x, nan=0.0, posinf=None, neginf=None):
     x = b.emit("where", b.emit("eq", x, inf), b.full(fi.max if posinf is None else posinf, dt), x)
     ninf = b.full(float("-inf"), dt)
     return b.emit("where", b.emit("eq", x, ninf), b.full(fi.min if neginf is None else neginf, dt), x)
+
+
+@lowering(aten.round.decimals)
+def _round_decimals(b, x, *, decimals=0):
+    """eager's formula: nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for d < 0."""
+    dt = x.type.dtype
+    scale = b.full(10.0 ** abs(decimals), dt)
+    up, down = ("mul", "div") if decimals >= 0 else ("div", "mul")
+    return b.emit(down, b.emit("round", b.emit(up, x, scale)), scale)
+
+
+@lowering(aten.hypot)
+def _hypot(b, x, y):
+    """big * sqrt(1 + (small/big)^2): no overflow in the squares; an infinite side wins even over NaN."""
+    acc = compute_dtype(b.out_dtype)
+    ax, ay = b.emit("abs", b.tensor(x, acc)), b.emit("abs", b.tensor(y, acc))
+    big, small = b.emit("maximum", ax, ay), b.emit("minimum", ax, ay)
+    zero, one, inf = b.full(0.0, acc), b.full(1.0, acc), b.full(float("inf"), acc)
+    ratio = b.emit("div", small, b.emit("where", b.emit("eq", big, zero), one, big))
+    out = b.emit("mul", big, b.emit("sqrt", b.emit("add", one, b.emit("mul", ratio, ratio))))
+    either_inf = b.emit("logical_or", b.emit("eq", ax, inf), b.emit("eq", ay, inf))
+    return b.cast(b.emit("where", either_inf, inf, out), b.out_dtype)
+
+
+@lowering(aten.elu)
+def _elu(b, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """scale * x for x > 0, else alpha * scale * (exp(input_scale * x) - 1): elu, selu and celu."""
+    dt = compute_dtype(x.type.dtype)
+    x = b.cast(x, dt)
+    neg = b.emit("expm1", b.emit("mul", x, b.full(input_scale, dt)))
+    neg = b.emit("mul", neg, b.full(alpha * scale, dt))
+    out = b.emit("where", b.emit("gt", x, b.full(0, dt)), b.emit("mul", x, b.full(scale, dt)), neg)
+    return b.cast(out, b.out_dtype)
+
+
+@lowering(aten.fmax, aten.fmin)
+def _fmax(b, x, y):
+    """maximum/minimum that ignore a NaN operand (NaN only where both are)."""
+    dt = b.out_dtype
+    x, y = b.tensor(x, dt), b.tensor(y, dt)
+    out = b.emit("maximum" if b.target_name.startswith("aten.fmax") else "minimum", x, y)
+    if dt not in FLOATS:
+        return out
+    return b.emit("where", b.emit("isnan", x), y, b.emit("where", b.emit("isnan", y), x, out))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from ..ir import dtype_name
 from .lowering import Unsupported, aten, compute_dtype, lowering, norm_dim, norm_dims
 
 
@@ -53,7 +54,9 @@ def _max_dim(b, x, dim, keepdim=False):
         return x, b.full(0, "i64")
     is_max = b.target_name.startswith("aten.max")
     values = b.emit("amax" if is_max else "amin", x, dims=(dim,), keepdim=keepdim)
-    return values, b.emit("argmax" if is_max else "argmin", x, dim=dim, keepdim=keepdim)
+    # torch's argmax takes no bools; as bytes they order the same
+    index_of = b.cast(x, "u8") if x.type.dtype == "b8" else x
+    return values, b.emit("argmax" if is_max else "argmin", index_of, dim=dim, keepdim=keepdim)
 
 
 @lowering(aten.argmax, aten.argmin)
@@ -71,6 +74,8 @@ def _argmax(b, x, dim=None, keepdim=False):
 @lowering(aten.prod.default, aten.prod.dim_int)
 def _prod(b, x, dim=None, keepdim=False, dtype=None):
     dims = norm_dims(dim, x.type.ndim)
+    if b.out_dtype == "b8":  # a product of bools is their conjunction
+        return b.emit("amin", b.cast(x, "b8"), dims=dims, keepdim=keepdim)
     return b.emit("prod", b.cast(x, b.out_dtype), dims=dims, keepdim=keepdim)
 
 
@@ -169,13 +174,11 @@ def _layer_norm(b, x, normalized_shape, weight, bias, eps):
     y, mean, rstd = _normalize(b, x, dims, eps)
     out = _affine(b, y, weight, bias, (1,) * (nd - k) + tuple(normalized_shape))
     stat_dt = b.val[1].dtype
-    from ..ir import dtype_name
     return (b.cast(out, x.type.dtype), b.cast(mean, dtype_name(stat_dt)), b.cast(rstd, dtype_name(stat_dt)))
 
 
 @lowering(aten.native_group_norm)
 def _group_norm(b, x, weight, bias, N, C, HxW, group, eps):
-    from ..ir import dtype_name
     grouped = b.reshape(x, (N, group, (C // group) * HxW))
     y, mean, rstd = _normalize(b, grouped, (2,), eps)
     y = b.reshape(y, x.type.shape)
@@ -192,7 +195,6 @@ def _bn_shape(x):
 @lowering(aten._native_batch_norm_legit_functional.default, aten.native_batch_norm.default,
           aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats)
 def _batch_norm_train(b, x, weight, bias, running_mean, running_var, training=None, momentum=None, eps=None):
-    from ..ir import dtype_name
     if b.target_name.endswith("no_stats"):  # (x, w, b, training, momentum, eps)
         training, momentum, eps, running_mean, running_var = running_mean, running_var, training, None, None
     if not training:
@@ -226,7 +228,7 @@ def _batch_norm_eval(b, x, weight, bias, running_mean, running_var, momentum, ep
     rstd = b.emit("rsqrt", b.emit("add", b.reshape(b.cast(running_var, acc), shape), b.full(eps, acc)))
     y = b.emit("mul", b.emit("sub", b.cast(x, acc), mean), rstd)
     out = b.cast(_affine(b, y, weight, bias, shape), x.type.dtype)
-    empty = b.full(0, acc, (0,))
+    empty = b.full(0, dtype_name(b.val[1].dtype), (0,))
     return out, empty, empty
 
 
@@ -241,3 +243,21 @@ def _logsumexp(b, x, dims, keepdim=False):
     s = b.emit("sum", b.emit("exp", b.emit("sub", xf, finite_m)), dims=dims, keepdim=keepdim)
     m_out = finite_m if keepdim else b.reshape(finite_m, s.type.shape)
     return b.cast(b.emit("add", b.emit("log", s), m_out), b.out_dtype)
+
+
+@lowering(aten.linalg_vector_norm)
+def _vector_norm(b, x, ord=2, dims=None, keepdim=False, *, dtype=None):
+    dims = norm_dims(dims, x.type.ndim)
+    acc = compute_dtype(b.out_dtype)
+    a = b.emit("abs", b.cast(x, acc))
+    if ord == float("inf") or ord == float("-inf"):
+        return b.cast(b.emit("amax" if ord > 0 else "amin", a, dims=dims, keepdim=keepdim), b.out_dtype)
+    if ord == 0:
+        nonzero = b.cast(b.emit("ne", a, b.full(0, acc)), acc)
+        return b.cast(b.emit("sum", nonzero, dims=dims, keepdim=keepdim), b.out_dtype)
+    if ord == 1:
+        return b.cast(b.emit("sum", a, dims=dims, keepdim=keepdim), b.out_dtype)
+    if ord == 2:
+        return b.cast(b.emit("sqrt", b.emit("sum", b.emit("mul", a, a), dims=dims, keepdim=keepdim)), b.out_dtype)
+    s = b.emit("sum", b.emit("pow", a, b.full(ord, acc)), dims=dims, keepdim=keepdim)
+    return b.cast(b.emit("pow", s, b.full(1.0 / ord, acc)), b.out_dtype)

@@ -1,10 +1,11 @@
-"""Lowerings of views, concatenation, gathers and tensor creation.
+"""Lowerings of views, concatenation, padding and tensor creation.
 
 Views lower to the four IR view ops (reshape, permute, expand, slice); the result shape always
 comes from the fx node's FakeTensor, so -1 sizes and squeeze rules are torch's, not re-derived here.
 """
 from __future__ import annotations
 
+from ..ir.types import FLOATS
 from .lowering import Unsupported, aten, lowering, norm_dim
 
 
@@ -15,7 +16,7 @@ def _reshape(b, x, *args, **kwargs):
 
 
 @lowering(aten.permute)
-def _permute(b, x, dims):
+def permute_(b, x, dims):
     dims = tuple(norm_dim(d, x.type.ndim) for d in dims)
     if dims == tuple(range(x.type.ndim)):
         return x
@@ -30,7 +31,7 @@ def _transpose(b, x, d0, d1):
     dims = list(range(nd))
     d0, d1 = norm_dim(d0, nd), norm_dim(d1, nd)
     dims[d0], dims[d1] = dims[d1], dims[d0]
-    return _permute(b, x, dims)
+    return permute_(b, x, dims)
 
 
 @lowering(aten.t.default)
@@ -97,35 +98,47 @@ def _cat(b, tensors, dim=0):
     return b.emit("cat", *parts, dim=dim)
 
 
-@lowering(aten.index_select.default)
-def _index_select(b, x, dim, index):
-    if x.type.ndim == 0:
-        raise Unsupported("index_select of a 0-d tensor")
-    return b.emit("index_select", x, b.reshape(index, (index.type.numel,)), dim=norm_dim(dim, x.type.ndim))
+@lowering(aten.diagonal.default)
+def _diagonal(b, x, offset=0, dim1=0, dim2=1):
+    """x[..., i, i + offset] is every (n2 + 1)-th element once dim1, dim2 are last and merged: a strided slice."""
+    nd = x.type.ndim
+    d1, d2 = norm_dim(dim1, nd), norm_dim(dim2, nd)
+    rest = [d for d in range(nd) if d not in (d1, d2)]
+    x = permute_(b, x, rest + [d1, d2])
+    n1, n2 = x.type.shape[-2:]
+    flat = b.reshape(x, x.type.shape[:-2] + (n1 * n2,))
+    length = b.out_shape[-1]
+    start = offset if offset >= 0 else -offset * n2
+    return slice_(b, flat, nd - 2, start, start + (length - 1) * (n2 + 1) + 1, n2 + 1)
 
 
-@lowering(aten.gather.default)
-def _gather(b, x, dim, index, sparse_grad=False):
-    if x.type.ndim == 0:
-        raise Unsupported("gather of a 0-d tensor")
-    return b.emit("gather", x, index, dim=norm_dim(dim, x.type.ndim))
+@lowering(aten.constant_pad_nd.default)
+def constant_pad(b, x, pad, value=0):
+    """pad = (left, right) pairs from the last dim backwards; negative amounts crop (a slice)."""
+    for i in range(len(pad) // 2):
+        dim = x.type.ndim - 1 - i
+        left, right = pad[2 * i], pad[2 * i + 1]
+        size = x.type.shape[dim]
+        x = slice_(b, x, dim, max(-left, 0), size - max(-right, 0))
+        parts = []
+        for amount in (left, right):
+            if amount > 0:
+                shape = list(x.type.shape)
+                shape[dim] = amount
+                parts.append(b.full(value, x.type.dtype, shape))
+        if parts:
+            parts.insert(1 if left > 0 else 0, x)
+            x = b.emit("cat", *parts, dim=dim)
+    return x
 
 
-@lowering(aten.embedding.default)
-def _embedding(b, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    flat = b.reshape(indices, (indices.type.numel,))
-    rows = b.emit("index_select", weight, flat, dim=0)
-    return b.reshape(rows, b.out_shape)
-
-
-@lowering(aten.index.Tensor)
-def _index(b, x, indices):
-    """x[idx] with one index tensor on the first dim (what embedding-like code produces)."""
-    if len(indices) != 1 or indices[0] is None or indices[0].type.dtype not in ("i64", "i32") or x.type.ndim == 0:
-        raise Unsupported("advanced indexing beyond one integer index on dim 0")
-    idx = indices[0]
-    rows = b.emit("index_select", x, b.reshape(idx, (idx.type.numel,)), dim=0)
-    return b.reshape(rows, b.out_shape)
+@lowering(aten.repeat.default)
+def _repeat(b, x, repeats):
+    """tile: view x as (1, s0, 1, s1, ...), expand to (r0, s0, r1, s1, ...), merge each pair."""
+    shape = (1,) * (len(repeats) - x.type.ndim) + x.type.shape
+    interleaved = tuple(v for s in shape for v in (1, s))
+    expanded = tuple(v for r, s in zip(repeats, shape) for v in (r, s))
+    return b.reshape(b.expand(b.reshape(x, interleaved), expanded), b.out_shape)
 
 
 # ---- creation --------------------------------------------------------------------------------------
@@ -143,7 +156,7 @@ def _full(b, *args, **kwargs):
 
 
 @lowering(aten.zeros.default, aten.zeros_like, aten.new_zeros, aten.empty.memory_format, aten.empty_like,
-          aten.new_empty, aten.empty_strided)
+          aten.new_empty, aten.empty_strided, aten.new_empty_strided, aten.empty_permuted)
 def _zeros(b, *args, **kwargs):
     return _fill(b, 0)
 
@@ -162,6 +175,8 @@ def _scalar_tensor(b, value, **kwargs):
 def _arange(b, *args, **kwargs):
     nums = [a for a in args if isinstance(a, (int, float))]
     start, step = (0, 1) if len(nums) == 1 else (nums[0], nums[2] if len(nums) > 2 else 1)
+    if b.out_dtype not in FLOATS:  # an integer arange truncates start and step first, as eager does
+        start, step = int(start), int(step)
     return b.emit("iota", shape=b.out_shape, dim=0, start=start, step=step, dtype=b.out_dtype)
 
 
@@ -174,43 +189,3 @@ def _tril(b, x, diagonal=0):
     c = b.emit("iota", shape=(rows, cols), dim=1, start=-diagonal, step=1, dtype="i64")
     keep = b.emit("le" if b.target_name.startswith("aten.tril") else "ge", c, r)
     return b.emit("where", keep, x, b.full(0, x.type.dtype))
-
-
-@lowering(aten.mm.default)
-def _mm(b, x, y):
-    return b.emit("mm", x, y)
-
-
-@lowering(aten.bmm.default)
-def _bmm(b, x, y):
-    return b.emit("bmm", x, y)
-
-
-@lowering(aten.addmm.default)
-def _addmm(b, bias, x, y, beta=1, alpha=1):
-    return _scale_add(b, b.emit("mm", x, y), bias, beta, alpha)
-
-
-@lowering(aten.baddbmm.default)
-def _baddbmm(b, bias, x, y, beta=1, alpha=1):
-    return _scale_add(b, b.emit("bmm", x, y), bias, beta, alpha)
-
-
-def _scale_add(b, prod, bias, beta, alpha):
-    dt = prod.type.dtype
-    if alpha != 1:
-        prod = b.emit("mul", prod, b.full(alpha, dt))
-    if beta == 0:
-        return prod
-    bias = b.cast(bias, dt)
-    if beta != 1:
-        bias = b.emit("mul", bias, b.full(beta, dt))
-    return b.emit("add", prod, bias)
-
-
-@lowering(aten.convolution.default)
-def _convolution(b, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    args = (x, w) if bias is None else (x, w, bias)
-    return b.emit("conv", *args, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation),
-                  transposed=bool(transposed), output_padding=tuple(output_padding), groups=int(groups))
-

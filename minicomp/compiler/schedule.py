@@ -155,6 +155,25 @@ class Scheduler:
                 return
         self._new_kernel(node, node.type.shape, (), KernelBuilder.add_store)
 
+    def place(self, node: Node) -> None:
+        """Place `node`; a value it needs from memory that has no buffer yet gets one first (a
+        reduction already placed is then stored by its kernel; anything else is placed now, before
+        `node` -- its own dependencies are all placed already)."""
+        while True:
+            try:
+                if OPS[node.op].category == "reduction":
+                    self.place_reduction(node)
+                else:
+                    self.place_store(node)
+                return
+            except NotFusable as e:
+                if not e.materialize or e.node in self.M:
+                    raise
+                self.M.add(e.node)
+                self.why[e.node] = e.reason
+                if e.node not in self.producer:
+                    self.place(e.node)
+
     def run(self) -> Schedule:
         for node in self.graph.nodes:
             if node.op == "constant":
@@ -162,10 +181,8 @@ class Scheduler:
             if runs_in_torch(node, self.kernel_ops) or node in self.torch_views:
                 self.steps.append(node)
                 self.producer[node] = len(self.steps) - 1
-            elif OPS[node.op].category == "reduction":
-                self.place_reduction(node)
-            elif node in self.M:
-                self.place_store(node)
+            elif OPS[node.op].category == "reduction" or node in self.M:
+                self.place(node)
         return Schedule(self.steps, self.M, self.refusals, self.why)
 
 
@@ -211,16 +228,8 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
     return M, why, views
 
 
-def schedule(graph: Graph, M: set, why: dict, views: set, kernel_ops, max_restarts: int = 10_000) -> Schedule:
-    """Schedule, materializing values the kernels cannot share without memory (restarting each time)."""
-    for _ in range(max_restarts):
-        sch = Scheduler(graph, M, why, kernel_ops)
-        sch.torch_views = views
-        try:
-            return sch.run()
-        except NotFusable as e:
-            if e.node in M:
-                raise
-            M.add(e.node)
-            why[e.node] = e.reason
-    raise RuntimeError("minicomp: scheduling did not converge")
+def schedule(graph: Graph, M: set, why: dict, views: set, kernel_ops) -> Schedule:
+    """Group the graph into kernels; values the kernels cannot share without memory join M."""
+    sch = Scheduler(graph, M, why, kernel_ops)
+    sch.torch_views = views
+    return sch.run()

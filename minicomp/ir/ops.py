@@ -163,7 +163,7 @@ def _reduce(name, torch_fn, kinds="any", out_dtype=None):
 
 def _prod(x, dims, keepdim):
     for dim in sorted(dims, reverse=True):
-        x = torch.prod(x, dim, keepdim=keepdim)
+        x = torch.prod(x, dim, keepdim=keepdim, dtype=x.dtype)  # torch would widen integers to i64
     return x
 
 
@@ -176,6 +176,7 @@ _reduce("amin", lambda x, dims, k: torch.amin(x, dims, keepdim=k))
 def _arg_reduce(name, torch_fn):
     def infer(ts, a):
         x = ts[0]
+        _check_kind(name, x.dtype, "num")
         _check_dims(name, x.shape, (a["dim"],))
         if x.shape[a["dim"]] == 0:
             raise TypeError(f"{name} of an empty dim")
@@ -278,7 +279,8 @@ def _full_ref(xs, a, device):
 
 def _iota_ref(xs, a, device):
     shape, dim = tuple(a["shape"]), a["dim"]
-    r = torch.arange(shape[dim], device=device, dtype=torch.int64) * a["step"] + a["start"]
+    acc = torch.float64 if a["dtype"] in FLOATS else torch.int64  # eager's arange accumulates in double
+    r = torch.arange(shape[dim], device=device, dtype=acc) * a["step"] + a["start"]
     r = r.to(DTYPES[a["dtype"]]).reshape([-1 if i == dim else 1 for i in range(len(shape))])
     return r.expand(shape).contiguous()
 

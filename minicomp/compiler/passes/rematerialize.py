@@ -14,6 +14,9 @@ from ..schedule import KernelStep, required_buffers, schedule
 from .fuse import build_graph, fusion_report
 
 
+MAX_RECOMPUTE = 24  # op-table cost per element a recomputed value may inline (bounds chains of them)
+
+
 def _subtree(node, stored):
     """Ops and leaf buffers `node` inlines when it is not stored itself."""
     ops, leaves, seen, stack = [], set(), set(), [node]
@@ -35,25 +38,32 @@ def _nbytes(n):
     return n.type.numel * itemsize(n.type.dtype)
 
 
-def choose(sch, shared_only, flops_per_byte: float):
-    """The shared values worth recomputing, and the bytes that saves."""
+def choose(sch, shared_only, flops_per_byte: float, order: dict):
+    """The shared values worth recomputing, and the bytes that saves. Decided in program order
+    against the values still stored, so a chain of cheap values is judged by its whole cost (each
+    value recomputed inlines the ones before it that were chosen too)."""
     readers: dict = {}
     for step in sch.steps:
         if isinstance(step, KernelStep):
             for n in step.builder.buf_pos:
                 readers.setdefault(n, []).append(step.builder)
+    stored = set(sch.materialized)
     chosen, saved = set(), 0
-    for n in shared_only:
+    for n in sorted(shared_only, key=order.get):
         consumers = [b for b in readers.get(n, []) if n not in b.own]
         k = len(consumers)
         if k == 0:
             continue
-        ops, leaves = _subtree(n, sch.materialized)
-        extra_flops = k * n.type.numel * sum(OPS[o.op].cost for o in ops if OPS[o.op].category == "pointwise")
+        ops, leaves = _subtree(n, stored - {n})
+        per_element = sum(OPS[o.op].cost for o in ops if OPS[o.op].category == "pointwise")
+        if per_element > MAX_RECOMPUTE:
+            continue
+        extra_flops = k * n.type.numel * per_element
         new_loads = sum(_nbytes(leaf) for b in consumers for leaf in leaves if leaf not in b.buf_pos)
         benefit = _nbytes(n) * (1 + k) - new_loads
         if benefit > 0 and extra_flops <= flops_per_byte * benefit:
             chosen.add(n)
+            stored.discard(n)
             saved += benefit
     return chosen, saved
 
@@ -62,13 +72,14 @@ def run(graph: Graph, ctx) -> Graph:
     if ctx.kernel_ops is None or not getattr(ctx, "shared_only", None) or not ctx.options.remat:
         ctx.remat_bytes_saved = 0
         return graph
-    chosen, saved = choose(ctx.schedule, ctx.shared_only, ctx.flops_per_byte)
+    order = {n: i for i, n in enumerate(ctx.source_graph.nodes)}
+    chosen, saved = choose(ctx.schedule, ctx.shared_only, ctx.flops_per_byte, order)
     ctx.remat_bytes_saved = saved
     if not chosen:
         return graph
     src = ctx.source_graph
     M, why, views = required_buffers(src, ctx.kernel_ops)
-    M |= ctx.schedule.materialized - chosen - ctx.shared_only
+    M |= ctx.schedule.materialized - chosen
     why.update({n: r for n, r in ctx.schedule.why_materialized.items() if n in M})
     sch = schedule(src, M, why, views, ctx.kernel_ops)
     ctx.schedule = sch

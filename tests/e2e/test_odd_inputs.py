@@ -1,0 +1,188 @@
+"""Inputs that trip compilers: 0-d and size-1 dims, strided and stride-0 inputs, integers and bools,
+NaN and Inf, empty tensors, mixed dtypes. Every case is compared with eager, on the reference
+interpreter and on the CPU backend (where strides and dtypes meet generated code)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers import assert_matches_eager
+
+
+@pytest.fixture(params=["interpret", "cpu"])
+def backend(request):
+    return request.param
+
+
+def _grad(*xs):
+    return tuple(x.requires_grad_() for x in xs)
+
+
+# ---- shapes: 0-d, size-1 dims ---------------------------------------------------------------------
+
+def test_zero_dim_tensors(backend):
+    def f(s, x):  # s: (), x: (4, 3)
+        return s * x + s.exp(), (s * s).sum(), x.sum() / s, torch.where(s > 0, x, -x).amax()
+    assert_matches_eager(f, *_grad(torch.tensor(0.7), torch.randn(4, 3)), backend=backend)
+
+
+def test_zero_dim_reductions_and_views(backend):
+    def f(s):
+        return s.sum(0), s.amax(), s.unsqueeze(0).expand(3), s.reshape(1, 1), F.softmax(s, 0), s.argmax()
+    assert_matches_eager(f, *_grad(torch.tensor(-1.5)), backend=backend)
+
+
+def test_size_one_dims(backend):
+    def f(x, y):  # x: (1, 5, 1), y: (3, 1, 1)
+        z = x * y                                     # (3, 5, 1)
+        return z.sum(dim=(0, 2)), x.squeeze(), z.mean(-1, keepdim=True), F.softmax(x, dim=0), x.var(dim=1)
+    assert_matches_eager(f, *_grad(torch.randn(1, 5, 1), torch.randn(3, 1, 1)), backend=backend)
+
+
+# ---- layouts: transposed, sliced, expanded ---------------------------------------------------------
+
+def test_transposed_and_permuted_inputs(backend):
+    x = torch.randn(5, 4).t()                          # (4, 5), strides (1, 4)
+    y = torch.randn(4, 5, 3).permute(2, 0, 1)          # (3, 4, 5)
+    assert not x.is_contiguous() and not y.is_contiguous()
+
+    def f(x, y):
+        return (x * 2 + y).sum(0), F.layer_norm(y, (5,)), x @ x.t()
+    assert_matches_eager(f, *_grad(x, y), backend=backend)
+
+
+def test_sliced_inputs(backend):
+    base = torch.randn(6, 8)
+    x = base[1::2, ::3]                                # (3, 3), strides (16, 3), offset 8
+    assert not x.is_contiguous() and x.storage_offset() > 0
+    assert_matches_eager(lambda x: (x.exp() * x).cumsum(1).sum(0) + x.amin(0), *_grad(x.detach()), backend=backend)
+
+
+def test_expanded_stride_zero_inputs(backend):
+    x = torch.randn(3, 1).expand(3, 4)                 # stride 0 along dim 1
+    y = torch.randn(4).expand(2, 3, 4)                 # strides (0, 0, 1)
+    assert 0 in x.stride() and y.stride()[:2] == (0, 0)
+    assert_matches_eager(lambda x, y: (x * y).sum(-1) + x.sum(), x, y, backend=backend)
+
+
+# ---- integers and bools ------------------------------------------------------------------------------
+
+def test_int_arithmetic(backend):
+    a = torch.randint(-20, 20, (4, 5))
+    b = torch.randint(1, 7, (4, 5))
+
+    def f(a, b):
+        return (a + b, a * b - 3, a // b, a % b, -a, a.abs(), torch.div(a, b, rounding_mode="trunc"),
+                a.sum(), a.sum(0, dtype=torch.int32), a.amax(1), a.prod(1), a.argmin(0), a.pow(2), a.clamp(-5, 5))
+    assert_matches_eager(f, a, b, backend=backend)
+
+
+def test_int_true_division_and_narrow_ints(backend):
+    a = torch.randint(-20, 20, (6,), dtype=torch.int32)
+    b = torch.randint(1, 5, (6,), dtype=torch.int16)
+    # true division of ints is float; i32 op i16 promotes to i32; i8 wraps around as eager's does
+    c = torch.randint(-128, 127, (6,), dtype=torch.int8)
+    assert_matches_eager(lambda a, b, c: (a / b, a + b, a * b, c * 3, (c + c).to(torch.int64)), a, b, c,
+                         backend=backend)
+
+
+def test_comparisons_and_bool_masks(backend):
+    x = torch.randn(4, 6)
+    i = torch.randint(0, 5, (4, 6))
+
+    def f(x, i):
+        m = (x > 0) & (i != 2)
+        return (m, m.sum(), m.sum(1), (x <= 0.5).sum(dtype=torch.float32), torch.where(m, x, 0.0),
+                x.masked_fill(~m, float("-inf")).amax(1), m.any(1), m.all(), m.float().mean(),
+                m ^ (i > 3), ~m | (i == 0))
+    assert_matches_eager(f, x, i, backend=backend)
+
+
+def test_sum_of_bools_is_int64(backend):
+    b = torch.rand(3, 7) > 0.5
+
+    def f(b):
+        return b.sum(), b.sum(-1), b.int().sum(0), b.long().cumsum(1), b.to(torch.float16).sum()
+    out = assert_matches_eager(f, b, backend=backend)(b)
+    assert out[0].dtype == torch.int64 and out[2].dtype == torch.int64
+
+
+def test_bool_arithmetic(backend):
+    a, b = torch.rand(5) > 0.5, torch.rand(5) > 0.3
+    assert_matches_eager(lambda a, b: (a * b, a + b, torch.maximum(a, b), a.amax(), a.prod(), a.max(0)), a, b,
+                         backend=backend)
+
+
+# ---- NaN and Inf -------------------------------------------------------------------------------------
+
+def test_max_min_with_nan(backend):
+    x = torch.tensor([[1.0, float("nan"), 3.0], [2.0, -1.0, 0.5], [float("inf"), 1.0, float("-inf")]])
+    y = torch.tensor([0.0, 5.0, float("nan")])
+
+    def f(x, y):
+        return (torch.maximum(x, y), torch.minimum(x, y), x.amax(1), x.amin(0), x.max(1), x.min(),
+                x.argmax(1), torch.clamp(x, -1, 2), x.sum(1), F.relu(x))
+    assert_matches_eager(f, x, y, backend=backend)
+
+
+def test_softmax_of_all_minus_inf_row(backend):
+    x = torch.randn(3, 4)
+    x[1] = float("-inf")
+
+    def f(x):
+        return F.softmax(x, -1), F.log_softmax(x, -1), torch.logsumexp(x, -1), x.exp().sum(-1)
+    assert_matches_eager(f, x, backend=backend)
+
+
+def test_log_of_zero_and_negatives(backend):
+    x = torch.tensor([0.0, -0.0, -1.0, 1e-45, 1.0, float("inf"), float("nan")])
+
+    def f(x):
+        return x.log(), x.log1p(), x.sqrt(), x.rsqrt(), 1 / x, x.log2(), torch.nan_to_num(x.log()), x.sign()
+    assert_matches_eager(f, x, backend=backend)
+
+
+# ---- empty tensors ------------------------------------------------------------------------------------
+
+def test_empty_tensors(backend):
+    x = torch.randn(0, 5)
+    y = torch.randn(3, 5)
+
+    def f(x, y):
+        return (x + 1, x.sum(0), x.sum(), x.mean(0), x.amax(1), torch.cat([x, y]), x.t() @ x, y[:0] * 2,
+                x.reshape(5, 0), F.softmax(x, -1))
+    assert_matches_eager(f, x, y, backend=backend)
+
+
+def test_empty_dim_gradients(backend):
+    x, w = torch.randn(2, 0, 4), torch.randn(4, 3)
+    assert_matches_eager(lambda x, w: (x @ w).relu() + 1, *_grad(x, w), backend=backend)
+
+
+# ---- mixed dtypes -----------------------------------------------------------------------------------
+
+def test_int_tensor_with_float_scalar(backend):
+    i = torch.randint(-5, 5, (3, 4))
+    assert_matches_eager(lambda i: (i + 0.5, i * 2.5, i / 2, i > 1.5, torch.where(i > 0, i, 0.25), i ** 0.5), i,
+                         backend=backend)
+
+
+def test_half_with_float(backend):
+    h = torch.randn(4, 3, dtype=torch.float16)
+    f = torch.randn(4, 3)
+    out = assert_matches_eager(lambda h, f: (h + f, h * 2.0, h.float().sum(0) + f.sum(0), h + f.sum()), h, f,
+                               backend=backend)(h, f)
+    assert out[0].dtype == torch.float32 and out[1].dtype == torch.float16 and out[3].dtype == torch.float16
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_reductions_accumulate_like_eager(dtype, backend):
+    x = torch.randn(64, 256).to(dtype)
+    assert_matches_eager(lambda x: (x.sum(-1), x.mean(0), F.softmax(x, -1), x.var(1), x.amax()), x,
+                         backend=backend)
+
+
+def test_bool_int_float_promotion(backend):
+    b, i = torch.rand(5) > 0.5, torch.randint(0, 9, (5,), dtype=torch.int32)
+    f = torch.randn(5, dtype=torch.float64)
+    assert_matches_eager(lambda b, i, f: (b + i, i * f, b * f, i.to(torch.int64) + i, b & (i > 3)), b, i, f,
+                         backend=backend)
