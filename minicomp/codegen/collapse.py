@@ -58,6 +58,8 @@ def _affine_in(e: Expr, name: str) -> bool:
 def _try_merge(k: Kernel, level: str, i: int):
     vs = list(getattr(k, level))
     a, b = vs[i], vs[i + 1]
+    if b.size == 0:  # an empty loop runs nothing whatever its neighbours; no m // 0 to build
+        return None
     m = Var(f"{a.name}_{b.name}", a.size * b.size)
     rw = _Rewriter({a.name: Expr.of(m).floordiv(b.size), b.name: Expr.of(m).mod(b.size)}, m.name)
     stages = [[rw.red(r) for r in st] for st in k.stages]

@@ -70,6 +70,9 @@ class Ops:
 
     def math(self, name, x):
         if x.type == F64:  # f64 math: through f32 polynomials would lose precision; use libm
+            if name == "sigmoid":  # libm has none (an unresolved symbol would jump to address 0)
+                one = self.fconst(x, 1.0)
+                return self.b.fdiv(one, self.b.fadd(one, self.math("exp", self.b.fneg(x))))
             fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(F64, [F64]), name)
             return self.b.call(fn, [x])
         return self.b.call(declare_math(self.module, name), [x])
@@ -155,25 +158,43 @@ class Ops:
     op_mul = _arith("fmul", "mul")
 
     def op_div(self, x, y, adt, **_):
-        return self.b.fdiv(x, y)
+        # arcp: x / s with s fixed for a row (softmax, norms) becomes x * (1/s), the reciprocal hoisted
+        return self.b.fdiv(x, y, flags=("arcp",))
 
     def _safe_divisor(self, y):
         return self.b.select(self.b.icmp_signed("==", y, ir.Constant(y.type, 0)), ir.Constant(y.type, 1), y)
 
+    def _sdivrem(self, x, y):
+        """Signed x / y and x % y, truncating, without the divisions that trap in hardware: y == 0
+        divides by 1 (torch raises there), y == -1 gives -x (wrapping) and 0, as torch's INT_MIN // -1."""
+        b, c = self.b, lambda v: ir.Constant(y.type, v)
+        minus1 = b.icmp_signed("==", y, c(-1))
+        safe = b.select(b.or_(minus1, b.icmp_signed("==", y, c(0))), c(1), y)
+        return b.select(minus1, b.neg(x), b.sdiv(x, safe)), b.srem(x, safe)
+
     def op_div_trunc(self, x, y, adt, **_):
         if adt in FLOATS:
             return self.intr("trunc", self.b.fdiv(x, y))
-        y = self._safe_divisor(y)
-        return self.b.udiv(x, y) if adt in UNSIGNED else self.b.sdiv(x, y)
+        if adt in UNSIGNED:
+            return self.b.udiv(x, self._safe_divisor(y))
+        return self._sdivrem(x, y)[0]
 
     def op_div_floor(self, x, y, adt, **_):
         b = self.b
-        if adt in FLOATS:
-            return self.intr("floor", b.fdiv(x, y))
-        y = self._safe_divisor(y)
+        if adt in FLOATS:  # torch's div_floor_floating: Python's // (-4.5 // inf == -1, not -0)
+            zero, one = self.fconst(x, 0.0), self.fconst(x, 1.0)
+            q = b.fdiv(x, y)
+            m = b.frem(x, y)
+            div = b.fdiv(b.fsub(x, m), y)
+            fix = b.and_(b.fcmp_ordered("!=", m, zero), b.xor(b.fcmp_ordered("<", y, zero), b.fcmp_ordered("<", m, zero)))
+            div = b.select(fix, b.fsub(div, one), div)
+            fl = self.intr("floor", div)
+            fl = b.select(b.fcmp_ordered(">", b.fsub(div, fl), self.fconst(x, 0.5)), b.fadd(fl, one), fl)
+            out = b.select(b.fcmp_unordered("une", div, zero), fl, self.intr("copysign", zero, q))
+            return b.select(b.fcmp_ordered("==", y, zero), q, out)
         if adt in UNSIGNED:
-            return b.udiv(x, y)
-        q, r = b.sdiv(x, y), b.srem(x, y)
+            return b.udiv(x, self._safe_divisor(y))
+        q, r = self._sdivrem(x, y)
         zero = ir.Constant(x.type, 0)
         fix = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
         return b.sub(q, b.zext(fix, x.type))
@@ -181,8 +202,9 @@ class Ops:
     def op_fmod(self, x, y, adt, **_):
         if adt in FLOATS:
             return self.b.frem(x, y)
-        y = self._safe_divisor(y)
-        return self.b.urem(x, y) if adt in UNSIGNED else self.b.srem(x, y)
+        if adt in UNSIGNED:
+            return self.b.urem(x, self._safe_divisor(y))
+        return self._sdivrem(x, y)[1]
 
     def op_remainder(self, x, y, adt, **_):
         b = self.b
@@ -193,8 +215,7 @@ class Ops:
             zero = self.fconst(x, 0.0)
             fix = b.and_(b.fcmp_ordered("!=", m, zero), b.xor(b.fcmp_ordered("<", m, zero), b.fcmp_ordered("<", y, zero)))
             return b.select(fix, b.fadd(m, y), m)
-        y = self._safe_divisor(y)
-        m = b.srem(x, y)
+        m = self._sdivrem(x, y)[1]
         zero = ir.Constant(x.type, 0)
         fix = b.and_(b.icmp_signed("!=", m, zero), b.xor(b.icmp_signed("<", m, zero), b.icmp_signed("<", y, zero)))
         return b.select(fix, b.add(m, y), m)
@@ -202,8 +223,22 @@ class Ops:
     def op_pow(self, x, y, adt, **_):
         if adt in FLOATS:
             return self.b.call(declare_math(self.module, "pow"), [x, y]) if x.type == F32 else self.intr("pow", x, y)
-        xf, yf = self.b.sitofp(x, F64), self.b.sitofp(y, F64)
-        return self.b.fptosi(self.intr("round", self.intr("pow", xf, yf)), x.type)
+        # integers: torch's powi, exact with wrapping multiplies (a double pow loses bits past 2**53):
+        # square-and-multiply over every exponent bit, unrolled into selects so the loop still vectorizes
+        b, t = self.b, x.type
+        one, zero = ir.Constant(t, 1), ir.Constant(t, 0)
+        result, base, e = one, x, y
+        for _ in range(t.width):
+            result = b.select(b.trunc(e, I1), b.mul(result, base), result)
+            base = b.mul(base, base)
+            e = b.lshr(e, one)
+        if adt in UNSIGNED:
+            return result
+        # a negative exponent: 1 ** -n == 1, (-1) ** -n == +-1, anything else 0
+        minus1 = ir.Constant(t, -1)
+        neg = b.select(b.icmp_signed("==", x, one), one,
+                       b.select(b.icmp_signed("==", x, minus1), b.select(b.trunc(y, I1), minus1, one), zero))
+        return b.select(b.icmp_signed("<", y, zero), neg, result)
 
     def op_atan2(self, x, y, adt, **_):
         name = "atan2f" if x.type == F32 else "atan2"
@@ -309,11 +344,11 @@ class Ops:
         b = self.b
         if adt == "b8":
             return x
-        if adt in FLOATS:
+        if adt in FLOATS:  # (x > 0) - (x < 0), as torch computes it: sign(NaN) is 0
             zero = self.fconst(x, 0.0)
             pos = b.uitofp(b.fcmp_ordered(">", x, zero), x.type)
             neg = b.uitofp(b.fcmp_ordered("<", x, zero), x.type)
-            return b.select(b.fcmp_unordered("uno", x, x), x, b.fsub(pos, neg))
+            return b.fsub(pos, neg)
         zero = ir.Constant(x.type, 0)
         if adt in UNSIGNED:
             return b.zext(b.icmp_unsigned(">", x, zero), x.type)

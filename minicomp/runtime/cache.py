@@ -2,8 +2,9 @@
 
 Where: $MINICOMP_CACHE_DIR, else $XDG_CACHE_HOME/minicomp, else ~/.cache/minicomp. Keys are
 hashes of everything that determines the bytes (source text, target, options, tool versions).
-Writes go to a temporary file renamed into place, so a reader never sees half an entry; a
-corrupt entry is the caller's to detect (it fails to load) and simply gets recompiled.
+Writes go to a temporary file renamed into place, so a reader never sees half an entry. Each entry
+starts with the sha256 of its bytes: a truncated or corrupted file (loaded blindly, machine code
+would crash the process) fails the check, is dropped, and the caller recompiles.
 """
 from __future__ import annotations
 
@@ -32,9 +33,14 @@ def get(kind: str, k: str) -> bytes | None:
     path = os.path.join(cache_dir(), kind, k)
     try:
         with open(path, "rb") as f:
-            return f.read()
+            blob = f.read()
     except OSError:
         return None
+    digest, data = blob[:32], blob[32:]
+    if len(blob) < 32 or hashlib.sha256(data).digest() != digest:
+        drop(kind, k)
+        return None
+    return data
 
 
 def put(kind: str, k: str, data: bytes) -> None:
@@ -43,7 +49,7 @@ def put(kind: str, k: str, data: bytes) -> None:
         os.makedirs(d, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            f.write(hashlib.sha256(data).digest() + data)
         os.replace(tmp, os.path.join(d, k))
     except OSError:
         pass  # a read-only or full disk costs a recompile next time, nothing else

@@ -21,7 +21,7 @@ _KERNEL_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _lock = threading.Lock()
 _state: dict = {}
 PARALLEL_MIN_WORK = 1 << 15  # elements below which threading costs more than it gains
-VERSION = "minicomp-cpu-1"
+VERSION = "minicomp-cpu-2"
 
 
 def _new_target_machine():

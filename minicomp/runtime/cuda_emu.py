@@ -18,7 +18,7 @@ from ..errors import MinicompError
 from . import cache
 from .nvrtc import numbered
 
-VERSION = "minicomp-cuda-emu-1"
+VERSION = "minicomp-cuda-emu-2"
 FLAGS = ["-x", "c++", "-O1", "-std=c++20", "-pthread", "-fPIC", "-shared", "-fno-strict-aliasing"]
 HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_emu.h")
 _LAUNCH_T = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)

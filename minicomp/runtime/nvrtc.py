@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..errors import MinicompError
 from . import cache
 
-VERSION = "minicomp-nvrtc-1"
+VERSION = "minicomp-nvrtc-2"
 OPTIONS = ("-std=c++17", "-default-device", "--fmad=true")
 
 

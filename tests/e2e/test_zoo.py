@@ -36,21 +36,24 @@ def _externs(compiled):
     return {e for g in compiled.report().graphs for e in g.externs}
 
 
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_sdpa_xfail) if "sdpa" in n else n for n in ZOO])
-def test_forward_and_gradients(name):
+def test_forward_and_gradients(name, backend):
     model, inputs = _make(name, grad=True)
-    compiled = assert_matches_eager(model, *inputs)
+    tol = {"rtol": 1e-4, "atol": 1e-4} if backend == "cpu" else {}  # fused f32 math reassociates sums
+    compiled = assert_matches_eager(model, *inputs, backend=backend, **tol)
     assert _externs(compiled) <= TRAIN_EXTERNS.get(name, set())
     # train-mode batch norm updates its running statistics inside the compiled graph
     for (key, want), got in zip(model.state_dict().items(), compiled.model.state_dict().values()):
         torch.testing.assert_close(got, want, msg=lambda m: f"buffer {key}: {m}")
 
 
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
 @pytest.mark.parametrize("name", ZOO)
-def test_inference_no_grad(name):
+def test_inference_no_grad(name, backend):
     model, inputs = _make(name, grad=False)
     with torch.no_grad():
-        compiled = assert_matches_eager(model, *inputs, grad=False)
+        compiled = assert_matches_eager(model, *inputs, grad=False, backend=backend)
     assert _externs(compiled) == set()
 
 
@@ -62,13 +65,14 @@ def test_conv_bn_relu_eval_mode_gradients():
     assert _externs(compiled) <= TRAIN_EXTERNS["conv_bn_relu"]
 
 
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["mlp", "layernorm_gelu", "gpt_block", "attention_sdpa", "small_cnn"])
-def test_low_precision_inference(name, dtype):
+def test_low_precision_inference(name, dtype, backend):
     model, inputs = _make(name, grad=False)
     model = model.to(dtype).eval()
     with torch.no_grad():
-        compiled = assert_matches_eager(model, *(x.to(dtype) for x in inputs), grad=False)
+        compiled = assert_matches_eager(model, *(x.to(dtype) for x in inputs), grad=False, backend=backend)
     assert _externs(compiled) == set()
 
 

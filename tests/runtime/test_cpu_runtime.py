@@ -1,0 +1,152 @@
+"""The CPU runtime: the disk cache of object code, the threaded launches, and vector code from LLVM.
+
+Cache tests point MINICOMP_CACHE_DIR at a fresh folder. A corrupt entry can crash the process that
+loads it, so that test runs its compiles in a child process and looks at how it ended.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import minicomp
+from minicomp.codegen.llvm import generate_module
+from minicomp.compiler.pipeline import run_passes
+from minicomp.ir import parse
+from minicomp.runtime import cpu
+from tests.codegen.test_cpu_ops import cpu_context
+
+
+def fn(x):
+    return torch.softmax(torch.cos(x) * 2, -1) + x
+
+
+def _compile_and_check(x):
+    """Compile `fn` afresh, check it against eager; returns whether its object code came from the cache."""
+    compiled = minicomp.compile(fn, backend="cpu")
+    torch.testing.assert_close(compiled(x), fn(x))
+    (graph,) = compiled.report().graphs
+    assert graph.detail["kernels"] >= 1
+    return graph.detail["llvm_cached"]
+
+
+def test_second_compile_hits_the_disk_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINICOMP_CACHE_DIR", str(tmp_path))
+    x = torch.randn(8, 33)
+    assert _compile_and_check(x) is False
+    assert os.listdir(tmp_path / "cpu"), "nothing was written to the cache"
+    assert _compile_and_check(x) is True
+
+
+def test_unwritable_cache_dir_costs_a_recompile_not_a_crash(tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("the cache folder cannot be made under a file")
+    monkeypatch.setenv("MINICOMP_CACHE_DIR", str(blocker / "cache"))
+    x = torch.randn(8, 33)
+    assert _compile_and_check(x) is False
+    assert _compile_and_check(x) is False
+
+
+_CHILD = textwrap.dedent("""
+    import glob, os, sys
+    import torch, minicomp
+    def fn(x):
+        return torch.softmax(torch.cos(x) * 2, -1) + x
+    x = torch.randn(8, 33)
+    minicomp.compile(fn, backend="cpu")(x)
+    for mode in sys.argv[1:]:
+        for path in glob.glob(os.path.join(os.environ["MINICOMP_CACHE_DIR"], "cpu", "*")):
+            data = open(path, "rb").read()
+            data = {"truncated": data[:len(data) // 2], "empty": b"",
+                    "garbage": bytes(range(256)) * (len(data) // 256 + 1),
+                    "flipped": data[:len(data) // 2] + bytes(b ^ 0xFF for b in data[len(data) // 2:])}[mode]
+            open(path, "wb").write(data)
+        compiled = minicomp.compile(fn, backend="cpu")
+        out = compiled(x)
+        print(mode, compiled.report().graphs[0].detail["llvm_cached"], torch.allclose(out, fn(x)), flush=True)
+""")
+
+
+def test_corrupt_cache_entry_is_detected_and_recompiled(tmp_path):
+    modes = ["truncated", "empty", "garbage", "flipped"]
+    env = dict(os.environ, MINICOMP_CACHE_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", _CHILD, *modes], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, f"child died with {run.returncode}: {run.stdout}{run.stderr[-2000:]}"
+    assert run.stdout.split() == [w for m in modes for w in (m, "False", "True")]
+
+
+def test_jit_engines_do_not_own_the_shared_target_machine():
+    """An MCJIT engine owns (frees) the target machine it is made with; were that the shared one, every
+    compile after the first program died would use freed memory (it crashed in create_pass_builder)."""
+    minicomp.compile(lambda x: torch.exp(x) * 3, backend="cpu")(torch.randn(5))
+    assert not cpu._target_machine()._owned  # llvmlite marks a machine an engine took over as owned
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Every KernelLaunch made while the test runs, to see how it split its range."""
+    made = []
+    init = cpu.KernelLaunch.__init__
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+    monkeypatch.setattr(cpu.KernelLaunch, "__init__", record)
+    return made
+
+
+@pytest.mark.parametrize("case", ["pointwise", "row softmax", "column sum"])
+def test_one_chunk_and_many_chunks_give_identical_results(case, launches, monkeypatch):
+    f = {"pointwise": lambda x: torch.cos(x) * x + 1,
+         "row softmax": lambda x: torch.softmax(x, -1),
+         "column sum": lambda x: x.sum(0) * 2}[case]
+    x = torch.randn(1031, 263)  # outer extents that split unevenly
+    results = {}
+    for cores in (1, 7):
+        monkeypatch.setattr(cpu.os, "cpu_count", lambda: cores)
+        del launches[:]
+        results[cores] = minicomp.compile(f, backend="cpu")(x)
+        chunks = [launch.chunks for launch in launches]
+        if cores == 1:
+            assert chunks and all(c is None for c in chunks)
+        else:
+            assert any(c and len(c) == 7 for c in chunks), chunks
+    assert torch.equal(results[1], results[7])
+    torch.testing.assert_close(results[7], f(x), rtol=1e-4, atol=1e-4)  # sums of 1031 terms, reassociated
+
+
+def _kernels(text: str):
+    graph = parse(textwrap.dedent(text).lstrip("\n"))
+    return [n.meta["kernel"] for n in run_passes(graph, cpu_context(graph)).nodes if n.op == "kernel"]
+
+
+@pytest.mark.parametrize("name,text", [
+    ("softmax", """
+        graph softmax(%x: f32[64,1024]) -> (f32[64,1024]) {
+          %0: f32[64,1] = amax %x [dims=(1,), keepdim=true]
+          %1: f32[64,1024] = sub %x %0
+          %2: f32[64,1024] = exp %1
+          %3: f32[64,1] = sum %2 [dims=(1,), keepdim=true]
+          %4: f32[64,1024] = div %2 %3
+          return %4
+        }"""),
+    ("cos", """
+        graph cos(%x: f32[64,1024]) -> (f32[64,1024]) {
+          %0: f32[64,1024] = cos %x
+          %1: f32[64,1024] = cos %0
+          return %1
+        }"""),
+])
+def test_optimized_kernels_are_vector_code(name, text):
+    kernels = _kernels(text)
+    assert len(kernels) == 1, f"{name} should fuse into one kernel"
+    ir_text, _ = generate_module(kernels)
+    optimized = cpu.optimize(ir_text)
+    assert re.search(r"<\d+ x float>", optimized), f"{name}: no vector types in the optimized IR"
+    assert not re.search(r"call [^\n]*@(expf|cosf|llvm\.(exp|cos)\.f32)\(", optimized), f"{name}: scalar math calls"
