@@ -8,8 +8,10 @@ cuLaunchKernel does.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -48,25 +50,37 @@ def _shared_library(source: str, headers: dict, mode: int = ctypes.RTLD_LOCAL) -
         emu_header = f.read()
     k = cache.key(VERSION, _cxx_version(), " ".join(FLAGS), emu_header,
                   *[f"{n}\0{t}" for n, t in sorted(headers.items())], source)
-    path = os.path.join(cache.cache_dir(), "cuda_emu", k)  # dlopen needs a file: load the entry in place
-    if os.path.exists(path):
-        try:
-            return ctypes.CDLL(path, mode=mode)
-        except OSError:  # a corrupt entry: rebuild it
-            cache.drop("cuda_emu", k)
-    with tempfile.TemporaryDirectory(prefix="minicomp-emu-") as d:
-        for name, text in {**headers, "cuda_emu.h": emu_header}.items():
-            with open(os.path.join(d, name), "w") as f:
-                f.write(text)
-        out = os.path.join(d, "module.so")
-        proc = subprocess.run([_cxx(), *FLAGS, "-I", d, "-o", out, "-"], input=source, text=True,
-                              capture_output=True)
-        if proc.returncode != 0:
-            raise EmuCompileError(f"cuda_emu: {_cxx()} could not compile the kernels:\n{proc.stderr}\n"
-                                  f"source:\n{numbered(source)}")
-        with open(out, "rb") as f:
-            cache.put("cuda_emu", k, f.read())
-        return ctypes.CDLL(path if os.path.exists(path) else out, mode=mode)
+    data = cache.get("cuda_emu", k)  # checksummed; a corrupt entry comes back as None
+    if data is None:
+        with tempfile.TemporaryDirectory(prefix="minicomp-emu-") as d:
+            for name, text in {**headers, "cuda_emu.h": emu_header}.items():
+                with open(os.path.join(d, name), "w") as f:
+                    f.write(text)
+            out = os.path.join(d, "module.so")
+            proc = subprocess.run([_cxx(), *FLAGS, "-I", d, "-o", out, "-"], input=source, text=True,
+                                  capture_output=True)
+            if proc.returncode != 0:
+                raise EmuCompileError(f"cuda_emu: {_cxx()} could not compile the kernels:\n{proc.stderr}\n"
+                                      f"source:\n{numbered(source)}")
+            with open(out, "rb") as f:
+                data = f.read()
+        cache.put("cuda_emu", k, data)
+    return _dlopen(k, data, mode)
+
+
+def _dlopen(k: str, data: bytes, mode: int) -> ctypes.CDLL:
+    """dlopen needs a plain file: the verified bytes go to a per-process file, loaded from there."""
+    d = os.path.join(tempfile.gettempdir(), f"minicomp-emu-{os.getpid()}")
+    if not os.path.isdir(d):
+        os.makedirs(d, exist_ok=True)
+        atexit.register(shutil.rmtree, d, True)
+    path = os.path.join(d, k + ".so")
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(dir=d)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    return ctypes.CDLL(path, mode=mode)
 
 
 def _runtime() -> ctypes.CDLL:
