@@ -13,7 +13,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from ..ir.index import Expr, Var
-from ..ir.kernel import Kernel, KExpr
+from ..ir.kernel import Kernel, KExpr, walk
 from .collapse import collapse
 from .llvm_ops import FLOATS, I1, I64, UNSIGNED, Ops, const, mem_type, reg_type
 
@@ -26,6 +26,7 @@ class KernelCodegen:
         self.vars: dict = {}
         self.scopes: list[dict] = []
         self.accs: dict = {}
+        self.prestores, self.finish = _prestores(kernel)
 
     # -- values ------------------------------------------------------------------------------------
     def lookup(self, e: KExpr):
@@ -130,6 +131,8 @@ class KernelCodegen:
             for r, acc, nan, idx in slots:
                 x = self.value(r.value)
                 self.combine(r, x, acc, nan, idx)
+                for st in self.prestores.get(id(r), ()):  # softmax: keep exp(x - max) in the output
+                    self.store_value(st.buf, st.index, x)
         self.nest(list(self.k.inner), body)
         for r, acc, nan, idx in slots:
             if r.op in ("argmax", "argmin"):
@@ -194,11 +197,20 @@ class KernelCodegen:
             return self.b.alloca(ty)
 
     def store(self, st) -> None:
-        b = self.b
-        dt = self.k.buffers[st.buf].dtype
-        v = self.ops.to_mem(dt, self.value(st.value))
-        ptr = b.gep(self.ptrs[st.buf], [self.index(st.index)], source_etype=mem_type(dt))
-        b.store(v, ptr)
+        if id(st) in self.finish:  # the reduced value is already in the buffer: scale it in place
+            e = st.value
+            dt = self.k.buffers[st.buf].dtype
+            ptr = self.b.gep(self.ptrs[st.buf], [self.index(st.index)], source_etype=mem_type(dt))
+            kept = self.ops.from_mem(dt, self.b.load(ptr, typ=mem_type(dt)))
+            v = self.ops.emit(e.op, [kept, self.value(e.args[1])], e.dtype, e.attrs, [a.dtype for a in e.args])
+            self.b.store(self.ops.to_mem(dt, v), ptr)
+            return
+        self.store_value(st.buf, st.index, self.value(st.value))
+
+    def store_value(self, buf: int, index, value) -> None:
+        dt = self.k.buffers[buf].dtype
+        ptr = self.b.gep(self.ptrs[buf], [self.index(index)], source_etype=mem_type(dt))
+        self.b.store(self.ops.to_mem(dt, value), ptr)
 
     # -- the function ------------------------------------------------------------------------------
     def generate(self) -> None:
@@ -241,6 +253,30 @@ class KernelCodegen:
         ptrs = [wb.load(wb.gep(bufs, [I64(i)], source_etype=PTR), typ=PTR) for i in range(nb)]
         wb.call(fn, ptrs + [wrapper.args[1], wrapper.args[2]])
         wb.ret_void()
+
+
+def _prestores(k: Kernel):
+    """Inner stores `v op s` (op: div or mul, s fixed per row) whose v is what the last stage reduces:
+    the stage writes v to the output as it goes, the store loop only scales it -- softmax computes
+    each exp once. Returns ({id(reduction): [stores]}, {id(store)})."""
+    if not k.stages or not k.inner_stores:
+        return {}, set()
+    inner = {v.name for v in k.inner}
+    pre, finish = {}, set()
+    for st in k.inner_stores:
+        e = st.value
+        if e.op not in ("div", "mul") or k.buffers[st.buf].dtype != e.dtype or e.args[0].dtype != e.dtype:
+            continue
+        r = next((r for r in k.stages[-1] if r.op == "sum" and r.value is e.args[0]), None)
+        if r is not None and not _uses(e.args[1], inner):
+            pre.setdefault(id(r), []).append(st)
+            finish.add(id(st))
+    return pre, finish
+
+
+def _uses(e: KExpr, names: set) -> bool:
+    return any(x.op == "load" and names & x.attrs["index"].vars() or x.op == "index" and names & x.attrs["expr"].vars()
+               for x in walk([e]))
 
 
 def outer_extent(k: Kernel) -> int:

@@ -66,21 +66,24 @@ class Scheduler:
             self.steps[self.producer[node]], KernelStep)
 
     # -- dependencies --------------------------------------------------------------------------------
-    def deps(self, node: Node) -> set:
-        """Step indices whose results `node` needs, looking through values it would inline."""
+    def frontier(self, node: Node, stop) -> set:
+        """The nodes `node` reaches through the values it would inline, stopping where stop(n)."""
         out, seen, stack = set(), set(), list(node.args)
         while stack:
             a = stack.pop()
             if a in seen:
                 continue
             seen.add(a)
-            if a in self.producer and (self.has_buffer(a) or a in self.red_step):
-                out.add(self.producer[a])
-            elif a in self.red_step:
-                out.add(self.red_step[a])
+            if stop(a):
+                out.add(a)
             elif a.op not in ("input", "constant"):
                 stack.extend(a.args)
         return out
+
+    def deps(self, node: Node) -> set:
+        """Step indices whose results `node` needs."""
+        reached = self.frontier(node, lambda a: self.has_buffer(a) or a in self.red_step)
+        return {self.producer[a] for a in reached if a in self.producer}
 
     # -- placing -----------------------------------------------------------------------------------
     def _try(self, step_i: int, node: Node, add) -> bool:
@@ -147,7 +150,7 @@ class Scheduler:
                 self.refusals.setdefault((node, b.name), f"shape {node.type.shape} does not fit kernel "
                                                          f"{b.name}'s domain {b.shape}")
                 continue
-            related = i in mine or any(self.has_buffer(n) and n in b.buf_pos for n in _leaves(node, self))
+            related = i in mine or any(n in b.buf_pos for n in self.frontier(node, self.has_buffer))
             if not related:
                 self.refusals.setdefault((node, b.name), f"shares no input with kernel {b.name}")
                 continue
@@ -184,21 +187,6 @@ class Scheduler:
             elif OPS[node.op].category == "reduction" or node in self.M:
                 self.place(node)
         return Schedule(self.steps, self.M, self.refusals, self.why)
-
-
-def _leaves(node: Node, sch: Scheduler) -> set:
-    """The buffers `node` would load if inlined."""
-    out, seen, stack = set(), set(), list(node.args)
-    while stack:
-        a = stack.pop()
-        if a in seen:
-            continue
-        seen.add(a)
-        if sch.has_buffer(a):
-            out.add(a)
-        else:
-            stack.extend(a.args)
-    return out
 
 
 def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
