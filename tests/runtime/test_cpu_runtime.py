@@ -107,6 +107,7 @@ def test_one_chunk_and_many_chunks_give_identical_results(case, launches, monkey
          "row softmax": lambda x: torch.softmax(x, -1),
          "column sum": lambda x: x.sum(0) * 2}[case]
     x = torch.randn(1031, 263)  # outer extents that split unevenly
+    monkeypatch.setattr(cpu, "PARALLEL_MIN_WORK", 1 << 12)  # threads even for this small a kernel
     results = {}
     for cores in (1, 7):
         monkeypatch.setattr(cpu.os, "cpu_count", lambda: cores)
