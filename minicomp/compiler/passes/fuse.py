@@ -10,7 +10,7 @@ The fusion report (ctx.fusion) lists the kernels and every producer->consumer pa
 from __future__ import annotations
 
 from ...ir import OPS, Graph, Node
-from ...ir.kernel import format_kernel, walk
+from ...ir.kernel import walk
 from ..schedule import KernelStep, Schedule, required_buffers, schedule
 
 
@@ -142,6 +142,3 @@ def run(graph: Graph, ctx) -> Graph:
     ctx.dump.stage("fusion_report", fusion_report(graph, fused, sch))
     return fused
 
-
-def kernel_sources(fused: Graph) -> str:
-    return "\n".join(format_kernel(n.meta["kernel"]) for n in fused.nodes if n.op == "kernel")
