@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from .types import TensorType
 
 
 class Node:

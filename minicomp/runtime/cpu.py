@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import llvmlite
 import llvmlite.binding as llvm
-import torch
 
 from . import cache
 
