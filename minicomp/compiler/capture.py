@@ -46,15 +46,22 @@ class Context:
     arena_bytes: int = 0
 
 
+def make_context(options: Options, name: str, backend: str, report: Optional[Report] = None) -> Context:
+    """The context one graph compiles in: its dumps, its report, the backend's kernel ops."""
+    from .backends import kernel_ops
+    ctx = Context(options, Dumper(options, name), report if report is not None else Report(), name)
+    ctx.kernel_ops, ctx.flops_per_byte = kernel_ops(backend)
+    return ctx
+
+
 def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options, report: Report, kind: str):
     """fx graph -> IR -> passes -> a backend's callable taking the flat list of inputs."""
-    from .backends import build, kernel_ops, resolve_backend  # backends import codegen/runtime lazily
+    from .backends import build, resolve_backend  # backends import codegen/runtime lazily
     t0 = time.perf_counter()
     name = f"{kind}_{next(_names)}"
     devices = {str(x.device.type) for x in example_inputs if isinstance(x, torch.Tensor)}
     backend = resolve_backend(options.backend, "cuda" if "cuda" in devices else "cpu")
-    ctx = Context(options, Dumper(options, name), report, name)
-    ctx.kernel_ops, ctx.flops_per_byte = kernel_ops(backend)
+    ctx = make_context(options, name, backend, report)
     ctx.dump.stage("fx", gm.print_readable(print_output=False), level=3)
     graph, externs = lower(gm, name, options.strict)
     ctx.dump.stage("ir", str(graph))

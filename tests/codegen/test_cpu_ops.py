@@ -20,13 +20,11 @@ import torch.nn.functional as F
 import minicomp
 from minicomp.codegen.llvm import generate_module
 from minicomp.codegen.llvm_ops import SUPPORTED_OPS
-from minicomp.compiler.backends import build, kernel_ops
-from minicomp.compiler.capture import Context
-from minicomp.compiler.debug import Dumper
+from minicomp.compiler.backends import build
+from minicomp.compiler.capture import Context, make_context
 from minicomp.compiler.pipeline import run_passes
 from minicomp.ir import DTYPES, OPS, Graph, Node, TensorType, dtype_name
 from minicomp.options import Options
-from minicomp.report import Report
 
 NAN, INF = float("nan"), float("inf")
 FLOAT_DTYPES = ("f32", "f64", "f16", "bf16")
@@ -41,10 +39,7 @@ TOLS = {"f64": 1e-10, "f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}  # f64 tight: ca
 # ---- the op table level -------------------------------------------------------------------------------
 
 def cpu_context(graph: Graph) -> Context:
-    options = Options.make("cpu")
-    ctx = Context(options, Dumper(options, graph.name), Report(), graph.name)
-    ctx.kernel_ops, ctx.flops_per_byte = kernel_ops("cpu")
-    return ctx
+    return make_context(Options.make("cpu"), graph.name, "cpu")
 
 
 def compile_graph(graph: Graph):

@@ -19,15 +19,12 @@ from torch.func import functionalize
 
 from minicomp.codegen.cuda import generate
 from minicomp.compiler.backend_cuda import prelude_headers
-from minicomp.compiler.backends import kernel_ops
-from minicomp.compiler.capture import Context
-from minicomp.compiler.debug import Dumper
+from minicomp.compiler.capture import make_context
 from minicomp.compiler.frontend import lower
 from minicomp.compiler.pipeline import run_passes
 from minicomp.codegen.cuda_ops import SUPPORTED_OPS
 from minicomp.ir import OPS, TensorType, parse
 from minicomp.options import Options
-from minicomp.report import Report
 
 _DECOMP = dict(core_aten_decompositions())
 DTYPES_ALL = ("f32", "f16", "bf16", "f64", "i64", "i32", "i16", "i8", "u8", "b8")
@@ -149,9 +146,7 @@ def trace(fn, inputs):
 def fuse(graph):
     """Run the pass pipeline as the cuda_emu backend does; returns the fused graph."""
     opts = Options(backend="cuda_emu", verify=True)
-    ctx = Context(opts, Dumper(opts, graph.name), Report(), graph.name)
-    ctx.kernel_ops, ctx.flops_per_byte = kernel_ops("cuda_emu")
-    return run_passes(graph, ctx)
+    return run_passes(graph, make_context(opts, graph.name, "cuda_emu"))
 
 
 def case_kernels(name):

@@ -5,26 +5,22 @@ import torch
 import torch.nn.functional as F
 
 import minicomp
-from minicomp.compiler.backends import kernel_ops
-from minicomp.compiler.capture import Context
-from minicomp.compiler.debug import Dumper
+from minicomp.compiler.capture import make_context
 from minicomp.compiler.pipeline import run_passes
-from minicomp.ir import DTYPES, interpret, parse
+from minicomp.ir import interpret, parse
 from minicomp.options import Options
-from minicomp.report import Report
+from tests.passes.check import random_inputs
 
 
 def compile_text(text, remat=True):
     opts = Options(backend="cpu", remat=remat, verify=True)
-    ctx = Context(opts, Dumper(opts, "t"), Report(), "t")
-    ctx.kernel_ops, ctx.flops_per_byte = kernel_ops("cpu")
+    ctx = make_context(opts, "t", "cpu")
     return run_passes(parse(text), ctx), ctx
 
 
 def agree(text, fused):
     g = parse(text)
-    gen = torch.Generator().manual_seed(0)
-    ins = [torch.randn(n.type.shape, generator=gen).to(DTYPES[n.type.dtype]) for n in g.inputs]
+    ins = random_inputs(g)
     for want, got in zip(interpret(g, *ins), interpret(fused, *ins)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 

@@ -15,8 +15,7 @@ import torch
 from minicomp.codegen.cuda import generate
 from minicomp.compiler.backend_cuda import prelude_headers
 from minicomp.compiler.backends import build
-from minicomp.compiler.capture import Context, compile_fx_graph
-from minicomp.compiler.debug import Dumper
+from minicomp.compiler.capture import compile_fx_graph, make_context
 from minicomp.ir import DTYPES, interpret, parse
 from minicomp.options import Options
 from minicomp.report import Report
@@ -35,8 +34,7 @@ def emu_program(text):
     """A cuda_emu program for IR text, built as compile_fx_graph would after lowering."""
     graph = fuse(parse(text))
     opts = Options(backend="cuda_emu", verify=True)
-    ctx = Context(opts, Dumper(opts, "t"), Report(), "t")
-    program, detail = build(graph, ctx, "cuda_emu")
+    program, detail = build(graph, make_context(opts, "t", "cuda_emu"), "cuda_emu")
     return program, detail
 
 
