@@ -100,8 +100,12 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
                      TorchCall(_torch_fn(n, device), [slot[a] for a in n.args], slot[n], n in kernel_inputs))
     if os.environ.get("MINICOMP_PROFILE") == "1":
         steps = [_timed(s, r) for s, r in zip(steps, _step_reports(graph, reports))]
+    # only a torch op's result can view the arena; kernel results and inputs never do
+    may_alias = [i for i, o in enumerate(graph.outputs) if o is not None and o.op not in ("input", "constant")
+                 and not (o.op == "getitem" and o.args[0].op == "kernel")]
     program = Program(len(graph.inputs), [graph.constants[c.attrs["name"]] for c in constants], steps, buffers,
-                      [None if o is None else slot[o] for o in graph.outputs], ctx.arena_bytes, len(slot), device)
+                      [None if o is None else slot[o] for o in graph.outputs], ctx.arena_bytes, len(slot), device,
+                      may_alias)
     program.keepalive = keepalive  # the kernels' machine code lives as long as the program
     ctx.report.kernels.extend(reports)
     detail = {"kernels": len(knodes), "torch_ops": len(steps) - len(knodes), "arena_bytes": ctx.arena_bytes,

@@ -29,8 +29,9 @@ class Program:
     output each call). `keepalive` holds what the steps' code lives in (a JIT engine, a module)."""
 
     def __init__(self, n_inputs: int, constants: list, steps: list, buffers: list, outputs: list,
-                 arena_bytes: int, n_slots: int, device="cpu"):
+                 arena_bytes: int, n_slots: int, device="cpu", may_alias=()):
         self.n_inputs, self.steps, self.outputs = n_inputs, steps, outputs
+        self.may_alias = tuple(may_alias)  # output positions a torch op made: they may view the arena
         self.constants, self.buffers, self.arena_bytes, self.device = constants, buffers, arena_bytes, device
         self.n_slots = n_slots
         self.template = None  # built on the first call: compilation may run under a fake-tensor mode
@@ -65,5 +66,7 @@ class Program:
         outs = [None if o is None else env[o] for o in self.outputs]
         if self.arena_range is not None:  # never hand out memory the next call overwrites
             lo, hi = self.arena_range
-            outs = [o.clone() if o is not None and lo <= o.data_ptr() < hi else o for o in outs]
+            for i in self.may_alias:
+                if lo <= outs[i].data_ptr() < hi:
+                    outs[i] = outs[i].clone()
         return outs
