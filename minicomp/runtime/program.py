@@ -4,11 +4,40 @@ env layout: [inputs..., constants..., one slot per step result]. Steps are prepa
 -- kernel launches (runtime/cpu.py, cuda.py, cuda_emu.py) and torch calls (externs, matmuls, views)
 -- so a call does no Python work beyond filling pointer arrays and looping over the steps.
 Intermediates kernels write live in one arena (planned by compiler/passes/plan_memory.py); graph
-outputs are fresh tensors each call.
+outputs are fresh tensors each call. On the CPU a big output's memory is recycled once the caller has
+dropped every reference to it (see Recycler): fresh pages from the OS cost a page fault and zeroing
+each, which for a 64 MB output takes longer than the kernel that fills it.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
+
+RECYCLE_MIN_BYTES = 1 << 20  # smaller blocks come from malloc's free lists without page faults
+RECYCLE_KEEP = 2  # storages kept per output: `y = f(x)` in a loop holds one while the next is made
+
+
+class Recycler:
+    """Makes one output's tensor each call, reusing a storage of an earlier call's output when
+    nothing but this recycler references it any more (storage use count 1: no tensor, view,
+    autograd save or storage object of the caller's is left), like a caching allocator.
+    Fresh storages are adopted until RECYCLE_KEEP are held; beyond that outputs are plain new tensors."""
+
+    def __init__(self, shape, dtype, device):
+        self.shape, self.dtype, self.device = torch.Size(shape), dtype, device
+        self.stride = torch.empty(shape, device="meta").stride()
+        self.nbytes = self.shape.numel() * dtype.itemsize
+        self.storages = []
+
+    def __call__(self) -> torch.Tensor:
+        for s in self.storages:
+            if torch._C._storage_Use_Count(s._cdata) == 1 and s.nbytes() == self.nbytes:
+                return torch.empty(0, dtype=self.dtype, device=self.device).set_(s, 0, self.shape, self.stride)
+        t = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        if len(self.storages) < RECYCLE_KEEP:
+            self.storages.append(t.untyped_storage())
+        return t
 
 
 class TorchCall:
@@ -44,7 +73,11 @@ class Program:
         self.fresh = []
         for slot, shape, dtype, offset in self.buffers:
             if offset is None:
-                self.fresh.append((slot, shape, dtype))
+                nbytes = torch.Size(shape).numel() * dtype.itemsize
+                if torch.device(self.device).type == "cpu" and nbytes >= RECYCLE_MIN_BYTES:
+                    self.fresh.append((slot, Recycler(shape, dtype, self.device)))
+                else:
+                    self.fresh.append((slot, functools.partial(torch.empty, shape, dtype=dtype, device=self.device)))
             else:
                 numel = torch.Size(shape).numel()
                 nbytes = max(1, numel) * dtype.itemsize
@@ -59,8 +92,8 @@ class Program:
         env = list(self.template)
         for i, x in enumerate(inputs):
             env[i] = x if x.is_contiguous() else x.contiguous()
-        for slot, shape, dtype in self.fresh:
-            env[slot] = torch.empty(shape, dtype=dtype, device=self.device)
+        for slot, make in self.fresh:
+            env[slot] = make()
         for step in self.steps:
             step(env)
         outs = [None if o is None else env[o] for o in self.outputs]
