@@ -9,6 +9,13 @@ import torch.utils._pytree as pytree
 import minicomp
 
 
+def gelu_at_inf(x: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Eager gelu(+inf) is NaN in torch's vectorized CPU path and +inf in its scalar tail (and in
+    exact math) -- which element takes which path depends on the machine's vector width. minicomp
+    always gives +inf, so references computed by eager gelu are corrected where x is +inf."""
+    return torch.where(x == float("inf"), x.to(want.dtype), want)
+
+
 def _tols(dtype):
     return {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}.get(dtype, (1e-5, 1e-5))
 
