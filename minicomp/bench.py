@@ -2,9 +2,13 @@
 
     python -m minicomp.bench [--quick] [--backend NAME] [--cases a,b] [--reps N]
 
-Interleaved: each repetition times the callables round-robin (eager, minicomp, Inductor, and a
-large copy), rotating who goes first, so a noisy neighbour or a clock change hits all of them
-alike; the table shows medians. Ratios below 1 mean minicomp is faster.
+Interleaved: each repetition times the callables round-robin (eager, minicomp, Inductor, minicomp
+with fresh outputs, and a large copy), rotating who goes first, so a noisy neighbour or a clock
+change hits all of them alike; the table shows medians. Ratios below 1 mean minicomp is faster.
+
+The timed loops drop each result, so minicomp's default recycles its big outputs' memory (see
+runtime/program.py) while eager and Inductor page-fault fresh memory every call; the `fresh ms`
+column is minicomp with `recycle_outputs=False`, for the comparison without that advantage.
 
 Bandwidth: a case must at least read its inputs once and write its outputs once; those bytes over
 minicomp's median time is its achieved GB/s, shown against `dst.copy_(src)` measured in the same
@@ -122,6 +126,8 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
     compiled = minicomp.compile(fn, backend=backend)
     recompile_s, actual = _timed_first_call(compiled, inputs)
     own_s = sum(g.compile_s for g in compiled.report().graphs)  # ours, without Dynamo/AOT tracing
+    fresh = minicomp.compile(fn, backend=backend, recycle_outputs=False)  # every output newly allocated
+    fresh(*inputs)
     err, scale = _max_err(actual, expected)
     ok = err <= TOLERANCE * max(1.0, scale)
 
@@ -140,7 +146,8 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
 
     src = torch.randn(copy_elems, device=device)
     dst = torch.empty_like(src)
-    fns = {"eager": lambda: fn(*inputs), "minicomp": lambda: compiled(*inputs), "copy": lambda: dst.copy_(src)}
+    fns = {"eager": lambda: fn(*inputs), "minicomp": lambda: compiled(*inputs), "copy": lambda: dst.copy_(src),
+           "fresh": lambda: fresh(*inputs)}
     if inductor is not None:
         fns["inductor"] = lambda: inductor(*inputs)
     t = time_interleaved(fns, reps, sync=torch.cuda.synchronize if device != "cpu" else lambda: None)
@@ -152,8 +159,11 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
         "case": name, "shape": case.shape, "backend": backend,
         "eager_ms": t["eager"] * 1e3, "minicomp_ms": t["minicomp"] * 1e3,
         "inductor_ms": t["inductor"] * 1e3 if inductor is not None else None,
+        "fresh_ms": t["fresh"] * 1e3,
         "vs_eager": t["minicomp"] / t["eager"],
         "vs_inductor": t["minicomp"] / t["inductor"] if inductor is not None else None,
+        "fresh_vs_eager": t["fresh"] / t["eager"],
+        "fresh_vs_inductor": t["fresh"] / t["inductor"] if inductor is not None else None,
         "bytes": moved, "gbps": gbps, "copy_gbps": copy_gbps, "pct_copy": 100 * gbps / copy_gbps,
         "compile_s": compile_s, "recompile_s": recompile_s, "own_s": own_s,
         "inductor_compile_s": inductor_compile_s, "inductor_again_s": inductor_again_s,
@@ -179,7 +189,7 @@ def geomean(xs) -> float:
 COLUMNS = [  # (header, row key, format)
     ("case", "case", "{}"), ("shape", "shape", "{}"),
     ("eager ms", "eager_ms", "{:.3f}"), ("minicomp ms", "minicomp_ms", "{:.3f}"),
-    ("inductor ms", "inductor_ms", "{:.3f}"),
+    ("inductor ms", "inductor_ms", "{:.3f}"), ("fresh ms", "fresh_ms", "{:.3f}"),
     ("mc/eager", "vs_eager", "{:.2f}"), ("mc/inductor", "vs_inductor", "{:.2f}"),
     ("GB/s", "gbps", "{:.1f}"), ("% copy", "pct_copy", "{:.0f}%"),
     ("compile s", "compile_s", "{:.2f}"), ("again s", "recompile_s", "{:.2f}"), ("own s", "own_s", "{:.2f}"),
@@ -201,12 +211,16 @@ def format_table(rows: list) -> str:
     out = [line(heads), line(["-" * w for w in widths])] + [line(b) for b in body]
     good = [r for r in rows if r["ok"]]
     out.append(f"geomean over {len(good)} correct case(s): mc/eager {geomean(r['vs_eager'] for r in good):.2f}, "
-               f"mc/inductor {geomean(r['vs_inductor'] for r in good):.2f}")
+               f"mc/inductor {geomean(r['vs_inductor'] for r in good):.2f}; with fresh outputs: "
+               f"mc/eager {geomean(r['fresh_vs_eager'] for r in good):.2f}, "
+               f"mc/inductor {geomean(r['fresh_vs_inductor'] for r in good):.2f}")
     if rows:
         out.append(f"copy bandwidth (dst.copy_(src), median over cases): "
                    f"{statistics.median(r['copy_gbps'] for r in rows):.1f} GB/s; "
                    f"compile s = first call, cold caches; again s = a fresh compile of the same case (disk caches warm, "
-                   f"Dynamo/AOT tracing included); own s = minicomp's part of that (lowering, passes, codegen, load)")
+                   f"Dynamo/AOT tracing included); own s = minicomp's part of that (lowering, passes, codegen, load); "
+                   f"fresh ms = minicomp with recycle_outputs=False: every output newly allocated, as eager and "
+                   f"Inductor do (the timed loops drop each result, so minicomp's default reuses its memory)")
     out += [f"{r['case']}: {n}" for r in rows for n in r["notes"]]
     wrong = [r["case"] for r in rows if not r["ok"]]
     if wrong:

@@ -18,10 +18,12 @@ class Options:
     strict: bool = False
     max_programs: int = 8           # programs per compiled callable before it runs eagerly
     verify: bool = False            # verify the IR after every pass (on in debug mode and in tests)
+    recycle_outputs: bool = True    # CPU: reuse a big output's memory once the caller drops it
 
     @staticmethod
     def make(backend: str = "auto", debug: Union[bool, int, str] = False, remat: bool = True,
-             cuda_graphs: bool = True, strict: bool = False, max_programs: int = 8) -> "Options":
+             cuda_graphs: bool = True, strict: bool = False, max_programs: int = 8,
+             recycle_outputs: bool = True) -> "Options":
         if backend not in BACKENDS:
             raise ValueError(f"minicomp: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         level = int(os.environ.get("MINICOMP_DEBUG", "0") or 0)
@@ -33,4 +35,4 @@ class Options:
         elif isinstance(debug, int) and not isinstance(debug, bool):
             level = max(level, debug)
         verify = level > 0 or os.environ.get("MINICOMP_VERIFY", "") == "1"
-        return Options(backend, level, dump_dir, remat, cuda_graphs, strict, max_programs, verify)
+        return Options(backend, level, dump_dir, remat, cuda_graphs, strict, max_programs, verify, recycle_outputs)

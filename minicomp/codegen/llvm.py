@@ -7,6 +7,11 @@ lets LLVM vectorize without runtime alias checks; the innermost loop is contiguo
 collapse.py, so LLVM's loop vectorizer turns it into vector code (the tests check for vector ops).
 Reductions keep accumulators in allocas (promoted to phis); float sums carry `reassoc` so they
 vectorize; max/min track NaN separately so they stay vectorizable and still propagate NaN.
+
+An innermost loop that calls our polynomial math (llvm_math.py) asks the vectorizer to interleave
+MATH_INTERLEAVE vector iterations: each function is one long dependency chain, LLVM's own choice for
+such a big body is 1, and with independent chains side by side the core overlaps them (measured on
+AVX-512: cos 0.35 -> 0.25 ns/element, gelu 0.54 -> 0.42, exp 0.19 -> 0.16; a plain add unchanged).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from .collapse import collapse
 from .llvm_ops import FLOATS, I1, I64, UNSIGNED, Ops, const, mem_type, reg_type
 
 PTR = ir.PointerType()
+MATH_INTERLEAVE = 4
 
 
 class KernelCodegen:
@@ -26,6 +32,7 @@ class KernelCodegen:
         self.vars: dict = {}
         self.scopes: list[dict] = []
         self.accs: dict = {}
+        self.loops = 0  # loops emitted so far
         self.prestores, self.finish = _prestores(kernel)
 
     # -- values ------------------------------------------------------------------------------------
@@ -97,12 +104,25 @@ class KernelCodegen:
         i.add_incoming(lo, pre)
         self.vars[name] = i
         self.scopes.append({})
+        loops, calls = self.loops, self.ops.math_calls
         body()
+        innermost = self.loops == loops
+        self.loops += 1
         self.scopes.pop()
         nxt = b.add(i, I64(1))
         i.add_incoming(nxt, b.block)
-        b.cbranch(b.icmp_signed("<", nxt, hi), header, done)
+        latch = b.cbranch(b.icmp_signed("<", nxt, hi), header, done)
+        if innermost and self.ops.math_calls > calls:
+            latch.set_metadata("llvm.loop", self.interleave_md())
         b.position_at_end(done)
+
+    def interleave_md(self):
+        """A loop ID (a node whose first operand is itself, as LLVM requires) asking for interleaving."""
+        md = self.module.add_metadata([ir.MetaDataString(self.module, "llvm.loop.interleave.count"),
+                                       ir.Constant(ir.IntType(32), MATH_INTERLEAVE)])
+        loop_id = ir.values.MDValue(self.module, [md], name=str(len(self.module.metadata)))  # not cached: one per loop
+        loop_id.operands = (loop_id, md)
+        return loop_id
 
     def nest(self, vs, body, first_range=None) -> None:
         if not vs:

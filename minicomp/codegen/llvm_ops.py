@@ -57,6 +57,7 @@ class Ops:
 
     def __init__(self, b: ir.IRBuilder, module: ir.Module):
         self.b, self.module = b, module
+        self.math_calls = 0  # calls of our polynomial math emitted so far (llvm.py interleaves such loops)
 
     # -- helpers ----------------------------------------------------------------------------------
     def intr(self, name, *args, ty=None):
@@ -75,6 +76,7 @@ class Ops:
                 return self.b.fdiv(one, self.b.fadd(one, self.math("exp", self.b.fneg(x))))
             fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(F64, [F64]), name)
             return self.b.call(fn, [x])
+        self.math_calls += 1
         return self.b.call(declare_math(self.module, name), [x])
 
     def fconst(self, x, v):
@@ -222,7 +224,10 @@ class Ops:
 
     def op_pow(self, x, y, adt, **_):
         if adt in FLOATS:
-            return self.b.call(declare_math(self.module, "pow"), [x, y]) if x.type == F32 else self.intr("pow", x, y)
+            if x.type == F32:
+                self.math_calls += 1
+                return self.b.call(declare_math(self.module, "pow"), [x, y])
+            return self.intr("pow", x, y)
         # integers: torch's powi, exact with wrapping multiplies (a double pow loses bits past 2**53):
         # square-and-multiply over every exponent bit, unrolled into selects so the loop still vectorizes
         b, t = self.b, x.type

@@ -105,7 +105,7 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
                  and not (o.op == "getitem" and o.args[0].op == "kernel")]
     program = Program(len(graph.inputs), [graph.constants[c.attrs["name"]] for c in constants], steps, buffers,
                       [None if o is None else slot[o] for o in graph.outputs], ctx.arena_bytes, len(slot), device,
-                      may_alias)
+                      may_alias, recycle=ctx.options.recycle_outputs)
     program.keepalive = keepalive  # the kernels' machine code lives as long as the program
     ctx.report.kernels.extend(reports)
     detail = {"kernels": len(knodes), "torch_ops": len(steps) - len(knodes), "arena_bytes": ctx.arena_bytes,

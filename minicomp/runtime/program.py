@@ -58,11 +58,11 @@ class Program:
     output each call). `keepalive` holds what the steps' code lives in (a JIT engine, a module)."""
 
     def __init__(self, n_inputs: int, constants: list, steps: list, buffers: list, outputs: list,
-                 arena_bytes: int, n_slots: int, device="cpu", may_alias=()):
+                 arena_bytes: int, n_slots: int, device="cpu", may_alias=(), recycle=True):
         self.n_inputs, self.steps, self.outputs = n_inputs, steps, outputs
         self.may_alias = tuple(may_alias)  # output positions a torch op made: they may view the arena
         self.constants, self.buffers, self.arena_bytes, self.device = constants, buffers, arena_bytes, device
-        self.n_slots = n_slots
+        self.n_slots, self.recycle = n_slots, recycle
         self.template = None  # built on the first call: compilation may run under a fake-tensor mode
 
     def _setup(self) -> None:
@@ -74,7 +74,7 @@ class Program:
         for slot, shape, dtype, offset in self.buffers:
             if offset is None:
                 nbytes = torch.Size(shape).numel() * dtype.itemsize
-                if torch.device(self.device).type == "cpu" and nbytes >= RECYCLE_MIN_BYTES:
+                if self.recycle and torch.device(self.device).type == "cpu" and nbytes >= RECYCLE_MIN_BYTES:
                     self.fresh.append((slot, Recycler(shape, dtype, self.device)))
                 else:
                     self.fresh.append((slot, functools.partial(torch.empty, shape, dtype=dtype, device=self.device)))
