@@ -108,10 +108,14 @@ class CompiledModule:
 
     def _compile_and_run(self, key, args, kwargs):
         backend = make_backend(self.options, self._report)
-        program = torch.compile(_trampoline(self.model), backend=backend, dynamic=False, **_ISOLATE)
+        # Static shapes: the first call, which traces every frame it reaches, turns automatic dynamic
+        # shapes off (Dynamo's frame state can outlive one program). Not dynamic=False: that patches
+        # the config on every call (~4 us); a later recompile that still goes dynamic runs in torch.
+        program = torch.compile(_trampoline(self.model), backend=backend, **_ISOLATE)
         before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs)
         try:
-            out = program(*args, **kwargs)
+            with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True):
+                out = program(*args, **kwargs)
         except BackendCompilerFailed as e:
             inner = getattr(e, "inner_exception", None)
             if isinstance(inner, MinicompError):

@@ -2,9 +2,9 @@
 
     python -m minicomp.bench [--quick] [--backend NAME] [--cases a,b] [--reps N]
 
-Interleaved: each repetition times the callables round-robin (eager, minicomp, Inductor, minicomp
-with fresh outputs, and a large copy), rotating who goes first, so a noisy neighbour or a clock
-change hits all of them alike; the table shows medians. Ratios below 1 mean minicomp is faster.
+Interleaved: each repetition times the callables (eager, minicomp, Inductor, minicomp with fresh
+outputs, and a large copy) in a new random order, so a noisy neighbour or a clock change hits all
+of them alike; the table shows medians. Ratios below 1 mean minicomp is faster.
 
 The timed loops drop each result, so minicomp's default recycles its big outputs' memory (see
 runtime/program.py) while eager and Inductor page-fault fresh memory every call; the `fresh ms`
@@ -22,6 +22,7 @@ import argparse
 import math
 import os
 import platform
+import random
 import statistics
 import sys
 import tempfile
@@ -55,24 +56,37 @@ def machine() -> str:
 
 
 def _calibrate(fn, target_s: float) -> int:
-    """Calls per sample so that one sample lasts about target_s (tiny cases would time the clock)."""
-    t0 = time.perf_counter()
-    fn()
-    once = time.perf_counter() - t0
-    return max(1, min(10_000, math.ceil(target_s / max(once, 1e-9))))
+    """Calls per sample so that one sample lasts about target_s (tiny cases would time the clock).
+    Doubles until a batch lasts half of that: one call timed alone can be a slow one (cold caches,
+    a page fault), and too few calls per sample would then time mostly that."""
+    n = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        took = time.perf_counter() - t0
+        if took >= target_s / 2 or n >= 10_000:
+            return max(1, min(10_000, math.ceil(n * target_s / max(took, 1e-9))))
+        n *= 2
 
 
 def time_interleaved(fns: dict, reps: int, target_s: float = 2e-3, sync=lambda: None) -> dict:
-    """{name: median seconds per call}, sampled round-robin over `fns` (zero-argument callables).
-    `sync` waits for queued device work (torch.cuda.synchronize) so samples time the work, not the queueing."""
+    """{name: median seconds per call}, sampled over `fns` (zero-argument callables) in a new random
+    order each repetition, each batch after one untimed call: whatever a callable leaves behind
+    (evicted caches, torch's OpenMP threads still spinning after a parallel copy) falls on a
+    different successor each time, and the median drops it. `sync` waits for queued device work (torch.cuda.synchronize) so samples time the work,
+    not the queueing."""
     for fn in fns.values():
         fn()  # warm-up: caches, allocator, lazy compiles
     inner = {name: _calibrate(lambda: (fn(), sync()), target_s) for name, fn in fns.items()}
     samples = {name: [] for name in fns}
     names = list(fns)
-    for r in range(reps):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+    order = random.Random(0)
+    for _ in range(reps):
+        order.shuffle(names)
+        for name in names:
             fn, n = fns[name], inner[name]
+            fn()  # untimed: the first call after another callable's batch runs on cold caches
             sync()
             t0 = time.perf_counter()
             for _ in range(n):
@@ -116,12 +130,19 @@ def _timed_first_call(fn, inputs) -> tuple[float, object]:
 def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int, device: str = "cpu") -> dict:
     case = make_case(name, quick, device)
     fn, inputs = case.fn, case.inputs
-    # Dynamo keeps compiled code on the function's code object; start each case from nothing, so
-    # compile times are cold and a rerun of the same case (as in tests) cannot hit an old entry.
+    # Dynamo keeps compiled code on the function's code object: each cold compile starts from a reset,
+    # and the compiles timed afterwards follow one last reset, so nothing they hold is ever dropped
+    # (a reset after a compile would make the timed callables recompile in their warm-up).
     torch._dynamo.reset()
     expected = fn(*inputs)
-
     compile_s, _ = _timed_first_call(minicomp.compile(fn, backend=backend), inputs)
+    notes = []
+    try:
+        torch._dynamo.reset()
+        inductor_compile_s, _ = _timed_first_call(torch.compile(fn), inputs)
+    except Exception as e:  # a machine without a C++ compiler: still show eager vs minicomp
+        inductor_compile_s = None
+        notes.append(f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
     torch._dynamo.reset()
     compiled = minicomp.compile(fn, backend=backend)
     recompile_s, actual = _timed_first_call(compiled, inputs)
@@ -131,18 +152,14 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
     err, scale = _max_err(actual, expected)
     ok = err <= TOLERANCE * max(1.0, scale)
 
-    notes = [f"ran eagerly: {e}" for e in compiled.report().eager]
+    notes += [f"ran eagerly: {e}" for e in compiled.report().eager]
     externs = sorted({x for g in compiled.report().graphs for x in g.externs})
     if externs:
         notes.append(f"externs: {', '.join(externs)}")
-    try:
-        inductor_compile_s, _ = _timed_first_call(torch.compile(fn), inputs)
-        torch._dynamo.reset()
+    inductor, inductor_again_s = None, None
+    if inductor_compile_s is not None:
         inductor = torch.compile(fn)
         inductor_again_s, _ = _timed_first_call(inductor, inputs)
-    except Exception as e:  # a machine without a C++ compiler: still show eager vs minicomp
-        inductor, inductor_compile_s, inductor_again_s = None, None, None
-        notes.append(f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
 
     src = torch.randn(copy_elems, device=device)
     dst = torch.empty_like(src)

@@ -8,6 +8,7 @@ on import and through the `torch_dynamo_backends` entry point).
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -15,6 +16,7 @@ from typing import Any, Optional
 import torch
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
 
 from ..ir import verify
 from ..options import Options
@@ -28,6 +30,12 @@ _DECOMPOSITIONS = core_aten_decompositions()
 # the logsumexp (it is meant for inference export); lower_nn.py lowers the op whole instead.
 _DECOMPOSITIONS.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
 _names = itertools.count()
+log = logging.getLogger("minicomp")
+
+
+def _symbolic(example_inputs) -> bool:
+    return any(isinstance(x, torch.SymInt) or isinstance(x, torch.Tensor)
+               and not all(isinstance(s, int) for s in x.shape) for x in example_inputs)
 
 
 @dataclass
@@ -57,6 +65,12 @@ def make_context(options: Options, name: str, backend: str, report: Optional[Rep
 def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options, report: Report, kind: str):
     """fx graph -> IR -> passes -> a backend's callable taking the flat list of inputs."""
     from .backends import build, resolve_backend  # backends import codegen/runtime lazily
+    if _symbolic(example_inputs):  # minicomp.compile traces static; a recompile made a dimension dynamic
+        msg = (f"{kind} graph with symbolic shapes (Dynamo made a dimension dynamic when a guard failed): "
+               "it runs in torch")
+        log.warning("minicomp: %s", msg)
+        report.eager.append(msg)
+        return make_boxed_func(gm)
     t0 = time.perf_counter()
     name = f"{kind}_{next(_names)}"
     devices = {str(x.device.type) for x in example_inputs if isinstance(x, torch.Tensor)}

@@ -61,6 +61,26 @@ def test_dtype_grad_mode_and_scalar_values_are_part_of_the_signature():
     assert len(f.report().graphs) == 4
 
 
+def test_a_new_shape_outside_the_arguments_recompiles_and_never_goes_wrong(caplog):
+    """A tensor the function reads from elsewhere changes shape: the signature is the same, a Dynamo
+    guard fails and Dynamo recompiles with that dimension dynamic. minicomp traces static shapes
+    only: that graph runs in torch, and the report says so."""
+    state = {"w": torch.randn(4)}
+
+    def f(x):
+        return (x * 2).sum() + torch.cos(state["w"])
+    g = minicomp.compile(f, backend="cpu")
+    x = torch.randn(8)
+    for n in (4, 6, 7, 4):
+        state["w"] = torch.randn(n)
+        with caplog.at_level(logging.WARNING, logger="minicomp"):
+            torch.testing.assert_close(g(x), f(x))
+    assert len(g.report().graphs) == 1
+    assert [e for e in g.report().eager if "symbolic shapes" in e] == [
+        "inference graph with symbolic shapes (Dynamo made a dimension dynamic when a guard failed): it runs in torch"]
+    assert "symbolic shapes" in caplog.text
+
+
 def test_max_programs_limit_logs_runs_eagerly_and_reports(caplog):
     f = compile_i(lambda x: x.exp() + 1, max_programs=2)
     with caplog.at_level(logging.WARNING, logger="minicomp"):
