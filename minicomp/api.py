@@ -42,11 +42,18 @@ def _trampoline(target):
     return types.FunctionType(code, run.__globals__, run.__name__, run.__defaults__, run.__closure__)
 
 
+def _all_tensors(args) -> bool:
+    for x in args:
+        if not isinstance(x, torch.Tensor):
+            return False
+    return True
+
+
 def _signature(model, args, kwargs) -> tuple:
     training = model.training if isinstance(model, torch.nn.Module) else None
-    if not kwargs and all(isinstance(x, torch.Tensor) for x in args):  # the common case, without pytree
-        return ("tensors", torch.is_grad_enabled(), training) + tuple(
-            (x.shape, x.dtype, x.device, x.requires_grad, x.stride()) for x in args)
+    if not kwargs and _all_tensors(args):  # the common case, without pytree (this runs on every call)
+        return ("tensors", torch.is_grad_enabled(), training,
+                *[(x.shape, x.stride(), x.dtype, x.device, x.requires_grad) for x in args])
     leaves, spec = pytree.tree_flatten((args, kwargs))
     key = [torch.is_grad_enabled(), str(spec)]
     if isinstance(model, torch.nn.Module):

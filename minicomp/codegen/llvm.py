@@ -24,11 +24,12 @@ from .llvm_ops import FLOATS, I1, I64, UNSIGNED, Ops, const, mem_type, reg_type
 
 PTR = ir.PointerType()
 MATH_INTERLEAVE = 4
+MATH_INTERLEAVE_MIN_TRIPS = 256  # shorter loops would leave most iterations to the scalar remainder
 
 
 class KernelCodegen:
-    def __init__(self, module: ir.Module, kernel: Kernel):
-        self.module, self.k = module, kernel
+    def __init__(self, module: ir.Module, kernel: Kernel, whole: bool = False):
+        self.module, self.k, self.whole = module, kernel, whole
         self.vars: dict = {}
         self.scopes: list[dict] = []
         self.accs: dict = {}
@@ -92,7 +93,7 @@ class KernelCodegen:
         return out
 
     # -- loops -------------------------------------------------------------------------------------
-    def loop(self, lo, hi, name: str, body) -> None:
+    def loop(self, lo, hi, name: str, body, trips: int) -> None:
         """for name in [lo, hi): body()  -- emitted as a guarded bottom-tested loop."""
         b = self.b
         pre = b.block
@@ -112,7 +113,7 @@ class KernelCodegen:
         nxt = b.add(i, I64(1))
         i.add_incoming(nxt, b.block)
         latch = b.cbranch(b.icmp_signed("<", nxt, hi), header, done)
-        if innermost and self.ops.math_calls > calls:
+        if innermost and self.ops.math_calls > calls and trips >= MATH_INTERLEAVE_MIN_TRIPS:
             latch.set_metadata("llvm.loop", self.interleave_md())
         b.position_at_end(done)
 
@@ -131,7 +132,7 @@ class KernelCodegen:
             self.scopes.pop()
             return
         lo, hi = first_range or (I64(0), I64(vs[0].size))
-        self.loop(lo, hi, vs[0].name, lambda: self.nest(vs[1:], body))
+        self.loop(lo, hi, vs[0].name, lambda: self.nest(vs[1:], body), vs[0].size)
 
     # -- reductions --------------------------------------------------------------------------------
     def stage(self, reds) -> None:
@@ -257,8 +258,8 @@ class KernelCodegen:
                 self.nest(list(k.inner), lambda: [self.store(s) for s in k.inner_stores])
             for s in k.outer_stores:
                 self.store(s)
-        if outer:
-            self.nest(outer, row, first_range=(start, end))
+        if outer:  # a kernel that always runs whole gets constant bounds: LLVM sees the trip count
+            self.nest(outer, row, first_range=None if self.whole else (start, end))
         else:
             self.scopes.append({})
             row()
@@ -304,12 +305,13 @@ def outer_extent(k: Kernel) -> int:
     return k.outer[0].size if k.outer else 1
 
 
-def generate_module(kernels, name: str = "minicomp") -> tuple[str, list[Kernel]]:
-    """LLVM IR text for all kernels of a graph; returns (text, the collapsed kernels)."""
+def generate_module(kernels, name: str = "minicomp", whole=lambda k: False) -> tuple[str, list[Kernel]]:
+    """LLVM IR text for all kernels of a graph; returns (text, the collapsed kernels). `whole(k)` says
+    whether the runtime always calls collapsed kernel k over its whole outer range (never split)."""
     module = ir.Module(name)
     out = []
     for k in kernels:
         k = collapse(k)
-        KernelCodegen(module, k).generate()
+        KernelCodegen(module, k, whole(k)).generate()
         out.append(k)
     return str(module), out

@@ -116,19 +116,22 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
 def build_cpu(graph, ctx):
     from ..codegen.llvm import generate_module, outer_extent
     from ..ir.kernel import format_kernel
-    from ..runtime.cpu import JitModule, KernelLaunch
+    from ..runtime.cpu import JitModule, KernelLaunch, runs_whole
+
+    def work(k):
+        return math.prod(v.size for v in k.outer + k.inner)
 
     knodes = [n for n in graph.nodes if n.op == "kernel"]
     t0 = time.perf_counter()
-    text, kernels = generate_module([n.meta["kernel"] for n in knodes])  # no graph name: a stable cache key
+    text, kernels = generate_module([n.meta["kernel"] for n in knodes],  # no graph name: a stable cache key
+                                    whole=lambda k: runs_whole(work(k), outer_extent(k)))
     ctx.dump.stage("kernels", "\n".join(format_kernel(k) for k in kernels), level=3)
     ctx.dump.stage("llvm", text, level=4)
     jit = JitModule(text) if knodes else None
     codegen_s = time.perf_counter() - t0
 
     def launch(k, slots):
-        work = math.prod(v.size for v in k.outer + k.inner)
-        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), work, k.name)
+        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), work(k), k.name)
     program, detail = assemble(graph, ctx, kernels, launch, jit)
     detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=round(codegen_s * 1e3, 1))
     return program, detail

@@ -96,6 +96,12 @@ class JitModule:
         return addr
 
 
+def runs_whole(work: int, extent: int) -> bool:
+    """Whether a kernel runs as one call over its whole outer range rather than split across threads
+    (codegen then gives LLVM the constant trip count)."""
+    return (os.cpu_count() or 1) < 2 or work < PARALLEL_MIN_WORK or extent < 2
+
+
 class KernelLaunch:
     """One kernel: fills its pointer array from env slots and runs the outer range in chunks."""
 
@@ -106,14 +112,12 @@ class KernelLaunch:
         self.ptrs_addr = ctypes.addressof(self.ptrs)
         self.extent = extent
         self.name = name
-        pool = _pool()
-        n = os.cpu_count() or 1
         self.chunks = None
-        if pool is not None and work >= PARALLEL_MIN_WORK and extent >= 2:
-            parts = min(n, extent)
+        if not runs_whole(work, extent):
+            parts = min(os.cpu_count() or 1, extent)
             bounds = [extent * i // parts for i in range(parts + 1)]
             self.chunks = [(bounds[i], bounds[i + 1]) for i in range(parts)]
-            self.pool = pool
+            self.pool = _pool()
 
     def __call__(self, env: list) -> None:
         ptrs = self.ptrs

@@ -14,6 +14,12 @@ import functools
 
 import torch
 
+try:  # torch.empty parses its arguments each call (~1.5 us); Inductor's generated code calls this (~0.4 us)
+    from torch._C._dynamo.guards import _empty_strided_cpu
+except ImportError:  # private: a torch without it gets the public call
+    def _empty_strided_cpu(size, stride, dtype):
+        return torch.empty_strided(size, stride, dtype=dtype)
+
 RECYCLE_MIN_BYTES = 1 << 20  # smaller blocks come from malloc's free lists without page faults
 RECYCLE_KEEP = 2  # storages kept per output: `y = f(x)` in a loop holds one while the next is made
 
@@ -74,8 +80,12 @@ class Program:
         for slot, shape, dtype, offset in self.buffers:
             if offset is None:
                 nbytes = torch.Size(shape).numel() * dtype.itemsize
-                if self.recycle and torch.device(self.device).type == "cpu" and nbytes >= RECYCLE_MIN_BYTES:
+                cpu = torch.device(self.device).type == "cpu"
+                if self.recycle and cpu and nbytes >= RECYCLE_MIN_BYTES:
                     self.fresh.append((slot, Recycler(shape, dtype, self.device)))
+                elif cpu:
+                    stride = torch.empty(shape, device="meta").stride()
+                    self.fresh.append((slot, functools.partial(_empty_strided_cpu, tuple(shape), stride, dtype)))
                 else:
                     self.fresh.append((slot, functools.partial(torch.empty, shape, dtype=dtype, device=self.device)))
             else:
