@@ -7,7 +7,7 @@ import os
 import time
 
 from ..errors import MinicompError
-from ..ir import OPS, DTYPES, prepare
+from ..ir import OPS, DTYPES, TensorType, prepare
 from ..report import KernelReport
 
 FLOPS_PER_BYTE = {"cpu": 4.0, "cuda": 40.0, "cuda_emu": 40.0}
@@ -68,11 +68,46 @@ def _torch_fn(node, device):
     return lambda *xs: ref(list(xs), attrs, device)
 
 
+def static_views(graph, kernel_inputs) -> dict:
+    """{view node: (root node, size, stride, offset)} for the views whose layout is known when compiling.
+
+    Roots have a known contiguous layout at run time: inputs and constants (Program makes them
+    contiguous), kernel results, mm and bmm results, and torch results that kernels read (made
+    contiguous). A chain of
+    views (reshape, permute, expand, slice) from a root is then one `as_strided` of the root, computed
+    here by running the ops on meta tensors -- a gpt block has twenty of them between its matmuls,
+    each a few microseconds through the dispatcher. A reshape that must copy ends the chain (it stays
+    a torch op), and so does a view a kernel reads that is not contiguous."""
+    import torch
+    meta: dict = {}   # node -> (root node, meta tensor of the node, meta tensor of the root)
+    out = {}
+
+    def root(n):
+        t = torch.empty(n.type.shape, dtype=DTYPES[n.type.dtype], device="meta")
+        meta[n] = (n, t, t)
+    for n in graph.inputs:
+        root(n)
+    for n in graph.nodes:
+        if n.op == "constant" or (n.op == "getitem" and n.args[0].op == "kernel"):
+            root(n)
+        elif OPS[n.op].category == "view" and n.args and n.args[0] in meta:
+            r, base_meta, root_meta = meta[n.args[0]]
+            t = OPS[n.op].ref([base_meta], n.attrs, "meta")
+            if t._is_view() and t._base is root_meta and (n not in kernel_inputs or t.is_contiguous()):
+                meta[n] = (r, t, root_meta)
+                out[n] = (r, tuple(t.shape), t.stride(), t.storage_offset())
+            elif n in kernel_inputs or t.is_contiguous() and not t._is_view():  # made contiguous, or copied
+                root(n)
+        elif isinstance(n.type, TensorType) and (n in kernel_inputs or n.op in ("mm", "bmm")):
+            root(n)  # a torch result made contiguous, or a new matmul result (always contiguous)
+    return out
+
+
 def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
     """A fused graph's Program, for any backend: env slots for every value, one step per torch op,
     and `make_launch(kernel, slots)` for each kernel node (slots: its buffers' env slots in
     Kernel.buffers order). Returns (program, report detail)."""
-    from ..runtime.program import Program, TorchCall
+    from ..runtime.program import AsStrided, Program, TorchCall
     knodes = [n for n in graph.nodes if n.op == "kernel"]
     slot = {n: i for i, n in enumerate(graph.inputs)}
     constants = [n for n in graph.nodes if n.op == "constant"]
@@ -92,9 +127,16 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
         for j, g in outs.items():
             buffers.append((slot[g], g.type.shape, DTYPES[g.type.dtype],
                             None if g in outputs else g.meta["arena_offset"]))
+    views = static_views(graph, kernel_inputs)
+    needed = outputs | {a for n in graph.nodes if n not in views for a in n.args}  # views only views read: skipped
     steps = []
     for n in graph.nodes:
         if n.op in ("constant", "input") or (n.op == "getitem" and n.args[0].op == "kernel"):
+            continue
+        if n in views:
+            if n in needed:
+                root, size, stride, offset = views[n]
+                steps.append(AsStrided(slot[root], slot[n], size, stride, offset))
             continue
         steps.append(launches[n] if n.op == "kernel" else
                      TorchCall(_torch_fn(n, device), [slot[a] for a in n.args], slot[n], n in kernel_inputs))

@@ -189,10 +189,28 @@ class Scheduler:
         return Schedule(self.steps, self.M, self.refusals, self.why)
 
 
+def _view_copies(chain: list, base: Node, kernel_ops) -> bool:
+    """Whether torch would copy to run `chain` (views, last applied first) on `base`: a reshape of a
+    permuted or sliced view. Known only where base's layout is (contiguous: an input, a constant, a
+    value a kernel stores, an mm or bmm result); elsewhere torch decides."""
+    import torch
+
+    from ..ir import DTYPES
+    if base.op not in ("input", "constant", "mm", "bmm") and runs_in_torch(base, kernel_ops):
+        return False
+    root = t = torch.empty(base.type.shape, dtype=DTYPES[base.type.dtype], device="meta")
+    for v in reversed(chain):
+        t = OPS[v.op].ref([t], v.attrs, "meta")
+    return not (t._is_view() and t._base is root)
+
+
 def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
     """Values that must live in memory whatever the fusion: graph outputs and the operands of ops
     that run in torch. A torch op's operand that is a view of a value runs as a torch view of that
-    value's buffer (no copy kernel); a graph output is written to its own buffer."""
+    value's buffer (no copy kernel) -- unless torch would copy to make that view (a reshape of a
+    transposed tensor, as attention's heads are): then a kernel writes the operand itself, reading
+    through the views as index math, and can fuse with what computes the value (Inductor's
+    clone kernels). A graph output is written to its own buffer."""
     M, why, views = set(), {}, set()
 
     def need(node: Node, reason: str, allow_view: bool):
@@ -200,6 +218,9 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
         while allow_view and base.op in VIEW_OPS:
             chain.append(base)
             base = base.args[0]
+        if chain and _view_copies(chain, base, kernel_ops):
+            chain, base = [], node
+            reason += " (a torch view would copy)"
         if chain:
             views.update(chain)
         if base.op in ("input", "constant") or runs_in_torch(base, kernel_ops) or base in M:

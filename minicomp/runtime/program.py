@@ -59,6 +59,18 @@ class TorchCall:
         env[self.out] = r
 
 
+class AsStrided:
+    """A chain of views of a tensor whose layout is known when compiling, as one view
+    (compiler/backends.py static_views); `offset` counts from the root's own storage offset."""
+
+    def __init__(self, root: int, out: int, size, stride, offset: int):
+        self.root, self.out, self.size, self.stride, self.offset = root, out, size, stride, offset
+
+    def __call__(self, env: list) -> None:
+        r = env[self.root]
+        env[self.out] = r.as_strided(self.size, self.stride, r.storage_offset() + self.offset)
+
+
 class Program:
     """`buffers` lists the slots kernels write: (slot, shape, dtype, arena offset, or None for a fresh
     output each call). `keepalive` holds what the steps' code lives in (a JIT engine, a module)."""

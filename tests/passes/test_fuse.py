@@ -195,3 +195,35 @@ def test_one_kernel_each(case):
     fn, args = fns[case]
     n, _ = _kernel_count(fn, *args)
     assert n == 1
+
+
+
+ATTENTION_HEADS = """graph heads(%x: f32[8,16], %w: f32[16,24], %b: f32[24]) -> (f32[8,4,1]) {
+  %0: f32[8,24] = mm %x %w
+  %1: f32[8,24] = add %0 %b
+  %2: f32[8,16] = slice %1 [dim=1, start=0, end=16, step=1]
+  %3: f32[2,4,4,4] = reshape %2 [shape=(2, 4, 4, 4)]
+  %4: f32[2,4,4,4] = permute %3 [dims=(0, 2, 1, 3)]
+  %5: f32[8,4,4] = reshape %4 [shape=(8, 4, 4)]
+  %6: f32[8,4] = slice %1 [dim=1, start=16, end=20, step=1]
+  %7: f32[8,4,1] = reshape %6 [shape=(8, 4, 1)]
+  %8: f32[8,4,1] = bmm %5 %7
+  return %8
+}
+"""
+
+
+def test_an_operand_torch_would_copy_to_view_is_written_by_a_kernel():
+    """bmm's first operand is a reshape of transposed heads: torch would copy it in a reshape. A
+    kernel writes it instead, reading the bias-added matmul result through the views as index math.
+    The second operand is a plain view of the bias-added result: a torch view of its buffer."""
+    fused, ctx = compile_text(ATTENTION_HEADS)
+    agree(ATTENTION_HEADS, fused)
+    (bmm,) = [n for n in fused.nodes if n.op == "bmm"]
+    first, second = bmm.args
+    assert first.op == "getitem" and first.args[0].op == "kernel"  # written by a kernel, no torch reshape
+    assert second.op == "reshape" and second.args[0].op == "slice"  # torch views of a stored buffer
+    why = {n.op: reason for n, reason in ctx.schedule.why_materialized.items()}
+    assert why == {"reshape": "operand of bmm (runs in torch) (a torch view would copy)",
+                   "add": "operand of bmm (runs in torch)"}
+    assert [n.op for n in fused.nodes].count("reshape") == 1

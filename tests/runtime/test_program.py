@@ -75,3 +75,53 @@ def test_a_resized_storage_is_not_taken_back():
     del t
     u = r()
     assert u.shape == (N,) and u.untyped_storage().nbytes() == r.nbytes
+
+
+# ---- views of values whose layout is known: one as_strided each -----------------------------------------
+
+VIEWS = """graph v(%x: f32[6,8], %w: f32[8,4], %b: f32[1,4], %y: f32[3,2,5]) -> (f32[6,6], f32[3,8,5], f32[4,4], f32[8,4]) {
+  %0: f32[6,4] = mm %x %w
+  %1: f32[4,6] = permute %0 [dims=(1, 0)]
+  %2: f32[6,8] = exp %x
+  %3: f32[3,2,8] = reshape %2 [shape=(3, 2, 8)]
+  %4: f32[3,8,2] = permute %3 [dims=(0, 2, 1)]
+  %5: f32[3,8,5] = bmm %4 %y
+  %6: f32[6,4] = expand %b [shape=(6, 4)]
+  %7: f32[4,6] = permute %6 [dims=(1, 0)]
+  %8: f32[6,6] = mm %0 %7
+  %9: f32[4,4] = mm %1 %0
+  %10: f32[8,6] = permute %x [dims=(1, 0)]
+  %11: f32[8,4] = mm %10 %0
+  return %8, %5, %9, %11
+}
+"""
+
+
+def _program(text):
+    from minicomp.compiler.backends import build
+    from minicomp.compiler.capture import make_context
+    from minicomp.compiler.pipeline import run_passes
+    from minicomp.ir import parse
+    from minicomp.options import Options
+    ctx = make_context(Options(backend="cpu", verify=True), "t", "cpu")
+    program, _ = build(run_passes(parse(text), ctx), ctx, "cpu")
+    return program
+
+
+def test_view_chains_of_known_layouts_are_one_as_strided_each():
+    """Views of an mm result, of a stored kernel result, of an expanded input and of an input at a
+    storage offset: each chain is one AsStrided step (views only other views read are skipped), and
+    an input may carry any stride on a size-1 dim (it is still contiguous)."""
+    from minicomp.ir import interpret, parse
+    from minicomp.runtime.program import AsStrided
+    program = _program(VIEWS)
+    views = [(s.size, s.stride) for s in program.steps if isinstance(s, AsStrided)]
+    assert sorted(views) == sorted([((4, 6), (1, 4)),          # %1: mm result, transposed
+                                    ((3, 8, 2), (16, 1, 8)),   # %4: exp's buffer, reshaped and transposed
+                                    ((4, 6), (1, 0)),          # %7: b expanded and transposed (expand itself skipped)
+                                    ((8, 6), (1, 8))])         # %10: x transposed
+    x = torch.randn(100)[3:51].view(6, 8)  # contiguous, at storage offset 3
+    w, y = torch.randn(8, 4), torch.randn(3, 2, 5)
+    for b in (torch.randn(1, 4), torch.randn(4).as_strided((1, 4), (77, 1))):
+        for got, want in zip(program(x, w, b, y), interpret(parse(VIEWS), x, w, b, y), strict=True):
+            torch.testing.assert_close(got, want)
