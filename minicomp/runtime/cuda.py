@@ -18,7 +18,7 @@ _state: dict = {}
 
 
 def driver():
-    import pycuda.driver as drv  # noqa: lazily, only with a GPU
+    import pycuda.driver as drv  # lazily: it needs libcuda.so.1
     return drv
 
 
