@@ -151,3 +151,33 @@ def test_optimized_kernels_are_vector_code(name, text):
     optimized = cpu.optimize(ir_text)
     assert re.search(r"<\d+ x float>", optimized), f"{name}: no vector types in the optimized IR"
     assert not re.search(r"call [^\n]*@(expf|cosf|llvm\.(exp|cos)\.f32)\(", optimized), f"{name}: scalar math calls"
+
+
+def test_loop_hints_interleave_math_and_keep_long_rows_rolled():
+    """softmax's rows (1024, constant) carry both hints on the loops that call exp; the amax loop
+    only the no-unroll one. A 16-element kernel run whole gets neither: it is too short for either."""
+    softmax = _kernels("""
+        graph softmax(%x: f32[64,1024]) -> (f32[64,1024]) {
+          %0: f32[64,1] = amax %x [dims=(1,), keepdim=true]
+          %1: f32[64,1024] = sub %x %0
+          %2: f32[64,1024] = exp %1
+          %3: f32[64,1] = sum %2 [dims=(1,), keepdim=true]
+          %4: f32[64,1024] = div %2 %3
+          return %4
+        }""")
+    text, _ = generate_module(softmax)
+    loops = re.findall(r"!llvm\.loop (!\d+)", text)
+    hints = {ref: re.search(rf"^{ref} = !{{ {ref}, (.*) }}$", text, re.M).group(1) for ref in loops}
+    named = {ref: sorted(re.findall(r'"(llvm\.loop\.[\w.]+)"', " ".join(
+        re.search(rf"^{m} = (.*)$", text, re.M).group(1) for m in re.findall(r"!\d+", h)))) for ref, h in hints.items()}
+    assert len(set(loops)) == len(loops) >= 3  # one loop ID per loop
+    kinds = sorted(tuple(v) for v in named.values())
+    assert ("llvm.loop.unroll.disable",) in kinds
+    assert ("llvm.loop.interleave.count", "llvm.loop.unroll.disable") in kinds
+    tiny = _kernels("""
+        graph tiny(%x: f32[16]) -> (f32[16]) {
+          %0: f32[16] = exp %x
+          return %0
+        }""")
+    text, _ = generate_module(tiny, whole=lambda k: True)
+    assert "llvm.loop" not in text
