@@ -28,7 +28,7 @@ from .report import Report
 
 log = logging.getLogger("minicomp")
 
-_SCALARS = (bool, int, float, str, type(None))  # Dynamo specializes on their values (dynamic=False)
+_SCALARS = (bool, int, float, str, type(None))  # Dynamo specializes on their values (static tracing)
 # torch >= 2.13 can give a compiled callable a Dynamo cache of its own, resumed frames included;
 # older torch gets the fresh trampoline code object only (graph breaks inside shared code then
 # share Dynamo's recompile limit, and the report says when frames run eagerly).
