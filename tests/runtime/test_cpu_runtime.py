@@ -127,8 +127,7 @@ def _kernels(text: str):
     return [n.meta["kernel"] for n in run_passes(graph, cpu_context(graph)).nodes if n.op == "kernel"]
 
 
-@pytest.mark.parametrize("name,text", [
-    ("softmax", """
+SOFTMAX = """
         graph softmax(%x: f32[64,1024]) -> (f32[64,1024]) {
           %0: f32[64,1] = amax %x [dims=(1,), keepdim=true]
           %1: f32[64,1024] = sub %x %0
@@ -136,7 +135,11 @@ def _kernels(text: str):
           %3: f32[64,1] = sum %2 [dims=(1,), keepdim=true]
           %4: f32[64,1024] = div %2 %3
           return %4
-        }"""),
+        }"""
+
+
+@pytest.mark.parametrize("name,text", [
+    ("softmax", SOFTMAX),
     ("cos", """
         graph cos(%x: f32[64,1024]) -> (f32[64,1024]) {
           %0: f32[64,1024] = cos %x
@@ -156,15 +159,7 @@ def test_optimized_kernels_are_vector_code(name, text):
 def test_loop_hints_interleave_math_and_keep_long_rows_rolled():
     """softmax's rows (1024, constant) carry both hints on the loops that call exp; the amax loop
     only the no-unroll one. A 16-element kernel run whole gets neither: it is too short for either."""
-    softmax = _kernels("""
-        graph softmax(%x: f32[64,1024]) -> (f32[64,1024]) {
-          %0: f32[64,1] = amax %x [dims=(1,), keepdim=true]
-          %1: f32[64,1024] = sub %x %0
-          %2: f32[64,1024] = exp %1
-          %3: f32[64,1] = sum %2 [dims=(1,), keepdim=true]
-          %4: f32[64,1024] = div %2 %3
-          return %4
-        }""")
+    softmax = _kernels(SOFTMAX)
     text, _ = generate_module(softmax)
     loops = re.findall(r"!llvm\.loop (!\d+)", text)
     hints = {ref: re.search(rf"^{ref} = !{{ {ref}, (.*) }}$", text, re.M).group(1) for ref in loops}
