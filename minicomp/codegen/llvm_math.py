@@ -254,16 +254,13 @@ def _erf_small(e, x):  # |x| < 1
 
 
 def _erf(e, x):
-    """No division and one exp whose argument stays in [-19, 0], so no range handling."""
+    """No division; one exp, whose argument stays in [-19, 0]: a single exponent-field scale."""
     ax = e.abs(x)
     small = e.madd(x, e.poly(e.mul(x, x), ERF_SMALL), x)
     t = e.sel(e.cmp(">", ax, ERF_SPLIT), ax, ERF_SPLIT)
     t = e.sel(e.cmp("<", t, 4.0), t, 4.0)  # erf(4) rounds to 1.0f; the clamps also eat NaN
-    q = e.poly(t, ERF_LOGC)
-    nf = e.floor(e.madd(q, LOG2E, 0.5))
-    r = e.madd(nf, -LN2_LO, e.madd(nf, -LN2_HI, q))
-    ex = e.mul(e.add(e.madd(e.poly(r, EXP_P), e.mul(r, r), r), 1.0), e.pow2(e.b.fptosi(nf, I32)))
-    big = e.copysign(e.sub(1.0, ex), x)
+    n, u = _exp_parts(e, e.poly(t, ERF_LOGC), -30.0, 1.0)
+    big = e.copysign(e.sub(1.0, e.mul(e.add(u, 1.0), e.pow2(n))), x)
     return e.nan_pass(x, e.sel(e.cmp("<", ax, ERF_SPLIT), small, big))
 
 
