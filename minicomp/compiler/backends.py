@@ -73,17 +73,17 @@ def static_views(graph, kernel_inputs) -> dict:
 
     Roots have a known contiguous layout at run time: inputs and constants (Program makes them
     contiguous), kernel results, mm and bmm results, and torch results that kernels read (made
-    contiguous). A chain of
-    views (reshape, permute, expand, slice) from a root is then one `as_strided` of the root, computed
-    here by running the ops on meta tensors -- a gpt block has twenty of them between its matmuls,
-    each a few microseconds through the dispatcher. A reshape that must copy ends the chain (it stays
-    a torch op), and so does a view a kernel reads that is not contiguous."""
-    import torch
+    contiguous). A chain of views (reshape, permute, expand, slice) from a root is then one
+    `as_strided` of the root, computed here by running the ops on meta tensors -- a gpt block has
+    twenty of them between its matmuls, each a few microseconds through the dispatcher. A reshape
+    that must copy ends the chain (it stays a torch op), and so does a view a kernel reads that is
+    not contiguous."""
+    from .schedule import CONTIGUOUS_TORCH_OPS, meta_of
     meta: dict = {}   # node -> (root node, meta tensor of the node, meta tensor of the root)
     out = {}
 
     def root(n):
-        t = torch.empty(n.type.shape, dtype=DTYPES[n.type.dtype], device="meta")
+        t = meta_of(n)
         meta[n] = (n, t, t)
     for n in graph.inputs:
         root(n)
@@ -98,7 +98,7 @@ def static_views(graph, kernel_inputs) -> dict:
                 out[n] = (r, tuple(t.shape), t.stride(), t.storage_offset())
             elif n in kernel_inputs or t.is_contiguous() and not t._is_view():  # made contiguous, or copied
                 root(n)
-        elif isinstance(n.type, TensorType) and (n in kernel_inputs or n.op in ("mm", "bmm")):
+        elif isinstance(n.type, TensorType) and (n in kernel_inputs or n.op in CONTIGUOUS_TORCH_OPS):
             root(n)  # a torch result made contiguous, or a new matmul result (always contiguous)
     return out
 

@@ -20,6 +20,15 @@ from .kernelize import KernelBuilder, NotFusable
 
 TORCH_CATEGORIES = ("matmul", "extern", "tuple")
 VIEW_OPS = ("reshape", "permute", "expand", "slice")
+CONTIGUOUS_TORCH_OPS = ("mm", "bmm")  # torch ops whose result is always a new contiguous tensor
+
+
+def meta_of(node: Node):
+    """A meta tensor of node's type, contiguous: the stand-in for views' layout arithmetic."""
+    import torch
+
+    from ..ir import DTYPES
+    return torch.empty(node.type.shape, dtype=DTYPES[node.type.dtype], device="meta")
 
 
 @dataclass
@@ -193,12 +202,9 @@ def _view_copies(chain: list, base: Node, kernel_ops) -> bool:
     """Whether torch would copy to run `chain` (views, last applied first) on `base`: a reshape of a
     permuted or sliced view. Known only where base's layout is (contiguous: an input, a constant, a
     value a kernel stores, an mm or bmm result); elsewhere torch decides."""
-    import torch
-
-    from ..ir import DTYPES
-    if base.op not in ("input", "constant", "mm", "bmm") and runs_in_torch(base, kernel_ops):
+    if base.op not in ("input", "constant", *CONTIGUOUS_TORCH_OPS) and runs_in_torch(base, kernel_ops):
         return False
-    root = t = torch.empty(base.type.shape, dtype=DTYPES[base.type.dtype], device="meta")
+    root = t = meta_of(base)
     for v in reversed(chain):
         t = OPS[v.op].ref([t], v.attrs, "meta")
     return not (t._is_view() and t._base is root)
