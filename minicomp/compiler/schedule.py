@@ -202,6 +202,8 @@ def _view_copies(chain: list, base: Node, kernel_ops) -> bool:
     """Whether torch would copy to run `chain` (views, last applied first) on `base`: a reshape of a
     permuted or sliced view. Known only where base's layout is (contiguous: an input, a constant, a
     value a kernel stores, an mm or bmm result); elsewhere torch decides."""
+    if all(v.op != "reshape" for v in chain):  # permute, expand and slice never copy
+        return False
     if base.op not in ("input", "constant", *CONTIGUOUS_TORCH_OPS) and runs_in_torch(base, kernel_ops):
         return False
     root = t = meta_of(base)
