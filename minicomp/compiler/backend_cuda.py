@@ -65,7 +65,7 @@ def build_cuda(graph, ctx):
     import torch
 
     from ..runtime import nvrtc
-    from ..runtime.cuda import CudaLaunch, CudaModule, arch, context
+    from ..runtime.cuda import CudaLaunch, CudaModule, arch, context, on_stream
     from ..runtime.cuda_graph import GraphReplay
     from .backends import assemble
 
@@ -86,6 +86,6 @@ def build_cuda(graph, ctx):
         return GraphReplay(program, stream), detail
 
     def run(*inputs):
-        with torch.cuda.stream(stream):
+        with on_stream(stream):
             return program(*inputs)
     return run, detail

@@ -5,10 +5,14 @@ pycuda is imported lazily (`import pycuda.driver` fails at import time without l
 is created by pycuda and handed to torch as an ExternalStream: our kernels (pycuda prepared calls) and
 torch's extern ops (cuBLAS/cuDNN matmuls and convolutions) then run in order on one stream, and a
 CUDA Graph captured on it (cuda_graph.py) records both. Buffers are torch tensors from torch's
-caching allocator, so inputs and outputs are ordinary torch CUDA tensors.
+caching allocator, so inputs and outputs are ordinary torch CUDA tensors. A call is ordered after the
+caller's work and the caller's later work after the call (`on_stream`): our stream is not the one
+the caller's inputs were made on, nor the one its outputs will be read on.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import threading
 
 import torch
@@ -32,9 +36,23 @@ def context():
             torch.cuda.init()
             ctx = drv.Device(dev).retain_primary_context()  # the context torch already uses
             ctx.push()
+            atexit.register(ctx.pop)  # pycuda aborts the process at exit if a pushed context is left
             stream = drv.Stream()
             _state[dev] = (ctx, stream, torch.cuda.ExternalStream(stream.handle, device=dev))
         return _state[dev]
+
+
+@contextlib.contextmanager
+def on_stream(stream: torch.cuda.Stream):
+    """Run the body on `stream`, after everything queued on the caller's current stream, and make the
+    caller's stream wait for the body's work (events on the device; the host does not block)."""
+    caller = torch.cuda.current_stream()
+    stream.wait_stream(caller)
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        caller.wait_stream(stream)
 
 
 def arch() -> str:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .cuda import on_stream
+
 
 class GraphReplay:
     def __init__(self, program, stream: torch.cuda.ExternalStream):
@@ -27,7 +29,7 @@ class GraphReplay:
 
     def __call__(self, *inputs):
         self.calls += 1
-        with torch.cuda.stream(self.stream):
+        with on_stream(self.stream):
             if self.calls == 1:  # warm-up
                 return self.program(*inputs)
             moved = self.graph is not None and any(
