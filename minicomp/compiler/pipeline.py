@@ -1,18 +1,19 @@
 """The one ordered list of graph passes, and the driver that runs them with verification and dumps.
 
-The last three only act for backends that generate kernels (ctx.kernel_ops is not None); for
+The last four only act for backends that generate kernels (ctx.kernel_ops is not None); for
 `interpret` the graph stays at the tensor level.
 """
 from __future__ import annotations
 
 from ..ir import Graph, verify
-from .passes import cse, dce, fold_constants, fuse, plan_memory, rematerialize, simplify_views
+from .passes import cse, dce, fold_constants, fuse, plan_memory, rematerialize, simplify_views, split_reductions
 
 PASSES = [
     ("simplify_views", simplify_views.run),
     ("fold_constants", fold_constants.run),
     ("cse", cse.run),
     ("dce", dce.run),
+    ("split_reductions", split_reductions.run),
     ("fuse", fuse.run),
     ("rematerialize", rematerialize.run),
     ("plan_memory", plan_memory.run),

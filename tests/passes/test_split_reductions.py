@@ -1,0 +1,79 @@
+"""split_reductions: a big full reduction becomes P partial rows plus a reduction of the partials."""
+import pytest
+import torch
+
+import minicomp
+from minicomp.compiler.capture import make_context
+from minicomp.compiler.passes import split_reductions
+from minicomp.ir import parse
+from minicomp.options import Options
+
+from .check import check_pass
+
+
+def split(graph, _ctx=None):
+    return split_reductions.run(graph, make_context(Options(backend="cpu"), "t", "cpu"))
+
+
+def test_a_full_max_becomes_256_rows_then_one():
+    check_pass(split, """
+        graph g(%x: f32[512,256]) -> (f32[]) {
+          %0: f32[512,256] = exp %x
+          %1: f32[] = amax %0 [dims=(0, 1), keepdim=false]
+          return %1
+        }
+    """, """
+        graph g(%x: f32[512,256]) -> (f32[]) {
+          %0: f32[512,256] = exp %x
+          %1: f32[256,512] = reshape %0 [shape=(256, 512)]
+          %2: f32[256] = amax %1 [dims=(1,), keepdim=false]
+          %3: f32[] = amax %2 [dims=(0,), keepdim=false]
+          return %3
+        }
+    """)
+
+
+def test_keepdim_gets_its_shape_back_and_an_odd_count_takes_a_smaller_split():
+    check_pass(split, """
+        graph g(%x: i64[3,5,7,9,121]) -> (i64[1,1,1,1,1]) {
+          %0: i64[1,1,1,1,1] = sum %x [dims=(0, 1, 2, 3, 4), keepdim=true]
+          return %0
+        }
+    """, """
+        graph g(%x: i64[3,5,7,9,121]) -> (i64[1,1,1,1,1]) {
+          %0: i64[231,495] = reshape %x [shape=(231, 495)]
+          %1: i64[231] = sum %0 [dims=(1,), keepdim=false]
+          %2: i64[] = sum %1 [dims=(0,), keepdim=false]
+          %3: i64[1,1,1,1,1] = reshape %2 [shape=(1, 1, 1, 1, 1)]
+          return %3
+        }
+    """)
+
+
+@pytest.mark.parametrize("text", [
+    "graph g(%x: f32[256,255]) -> (f32[]) {\n  %0: f32[] = sum %x [dims=(0, 1), keepdim=false]\n  return %0\n}\n",
+    "graph g(%x: f16[512,256]) -> (f16[]) {\n  %0: f16[] = sum %x [dims=(0, 1), keepdim=false]\n  return %0\n}\n",
+    "graph g(%x: f32[512,256]) -> (f32[512]) {\n  %0: f32[512] = sum %x [dims=(1,), keepdim=false]\n  return %0\n}\n",
+    "graph g(%x: f32[65537]) -> (f32[]) {\n  %0: f32[] = sum %x [dims=(0,), keepdim=false]\n  return %0\n}\n",
+])
+def test_left_alone_small_half_partial_or_prime(text):
+    """65280 elements (under the minimum), f16 (partials would round), a row reduction, a prime count."""
+    assert str(split(parse(text))) == text
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_full_reductions_match_eager_and_spread_over_rows(backend):
+    x = torch.randn(1 << 17)
+    x[12345] = float("nan")
+    y = torch.randn(512, 300)
+
+    def f(x, y):
+        return torch.sin(x).sum(), x.amax(), (y * y).mean(dim=(0, 1), keepdim=True), y.amin()
+    c = minicomp.compile(f, backend=backend)
+    got, want = c(x, y), f(x, y)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-4, equal_nan=True)
+    assert torch.isnan(got[1])
+    sin = [k for k in c.report().kernels if "sin" in k.ops]
+    # one kernel reads x once for 256 partial sums of sin(x) and 256 partial maxima of x
+    assert [(k.ops, k.bytes_written) for k in sin] == [(["sin", "sum", "amax"], 2 * 256 * 4)]
