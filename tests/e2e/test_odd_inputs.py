@@ -64,6 +64,26 @@ def test_expanded_stride_zero_inputs(backend):
     assert_matches_eager(lambda x, y: (x * y).sum(-1) + x.sum(), x, y, backend=backend)
 
 
+def test_views_into_matmuls_and_out(backend):
+    """Chains of views between inputs, kernels and matmuls run as one as_strided each (static layouts):
+    an input at a storage offset, a size-1 dim with an odd stride, an expanded batch, an empty batch,
+    and outputs that are views of inputs, of an mm result and of a kernel's buffer."""
+    x = torch.randn(40)[4:28].view(4, 6)                 # contiguous, storage offset 4
+    w = torch.randn(6).as_strided((1, 6), (99, 1))       # contiguous: a size-1 dim's stride is free
+    b = torch.randn(3, 6, 5)
+    e = torch.randn(0, 4, 6)
+
+    def f(x, w, b, e):
+        h = x @ w.expand(4, 6).t()                       # (4, 4) from two views of inputs
+        bb = torch.bmm(x.unsqueeze(0).expand(3, 4, 6), b)  # expanded batch, stride 0
+        k = (h.exp() + 1).t()                            # a view of a kernel's buffer
+        return h.t()[1:], bb.permute(2, 0, 1), k.reshape(16)[::3], torch.bmm(e, x.t().unsqueeze(0).expand(0, 6, 4)), x.t()
+    c = assert_matches_eager(f, *_grad(x.detach().clone(), w.detach().clone(), b, e), backend=backend)
+    with torch.no_grad():  # the odd layouts themselves (assert_matches_eager passes clones)
+        for got, want in zip(c(x, w, b, e), f(x, w, b, e), strict=True):
+            torch.testing.assert_close(got, want)
+
+
 # ---- integers and bools ------------------------------------------------------------------------------
 
 def test_int_arithmetic(backend):
