@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.index import Expr, Var
-from ..ir.kernel import Kernel, KExpr, walk
+from ..ir.kernel import Kernel, KExpr
 from . import cuda_ops as ops
 from .collapse import collapse
 from .cuda_plan import WARP_ROW_MAX, plan, prod
@@ -69,7 +69,7 @@ class _KernelGen:
         self.accs: dict = {}
         self.rename: dict = {}      # loop variable name -> the C expression to use instead
         self.vec_loads: dict = {}   # id(load) -> vector variable holding it (pointwise vector path)
-        self.exprs = walk([r.value for st in k.stages for r in st] + [s.value for s in k.inner_stores + k.outer_stores])
+        self.exprs = k.exprs()
         self.plan = plan(k, self.exprs, warp_row_max)
         self.idx_t, self.strategy, self.vector = self.plan.idx_t, self.plan.strategy, self.plan.vector
 

@@ -26,6 +26,13 @@ from .collapse import collapse
 from .llvm_ops import FLOATS, I1, I64, UNSIGNED, Ops, const, mem_type, reg_type
 
 PTR = ir.PointerType()
+I32 = ir.IntType(32)
+OOB_SUFFIX = "_oob"  # a kernel that gathers sets bit j of the global <name>_oob: gather_sites(k)[j] read out of range
+
+
+def gather_sites(k: Kernel) -> list:
+    """(where, size) of each gather or index_select in kernel k, in the order of its flag bits."""
+    return sorted({(e.attrs["where"], e.attrs["size"]) for e in k.exprs() if e.op == "clamp_index"})[:32]
 MATH_INTERLEAVE = 4
 MATH_INTERLEAVE_MIN_TRIPS = 256  # shorter loops would leave most iterations to the scalar remainder
 NO_UNROLL_MIN_TRIPS = 128  # constant-trip loops this long are not unrolled (see the module docstring)
@@ -38,6 +45,7 @@ class KernelCodegen:
         self.scopes: list[dict] = []
         self.accs: dict = {}
         self.loops = 0  # loops emitted so far
+        self.oob = None  # alloca: some index was out of range (kernels that gather)
         self.prestores, self.finish = _prestores(kernel)
 
     # -- values ------------------------------------------------------------------------------------
@@ -87,9 +95,14 @@ class KernelCodegen:
             i = self.value(e.args[0])
             i = b.sext(i, I64) if i.type != I64 else i
             size = I64(e.attrs["size"])
-            i = b.select(b.icmp_signed("<", i, I64(0)), b.add(i, size), i)  # negative indices wrap
-            i = b.select(b.icmp_signed("<", i, I64(0)), I64(0), i)
-            out = b.select(b.icmp_signed(">=", i, size), b.sub(size, I64(1)), i)
+            low, high = b.icmp_signed("<", i, I64(0)), b.icmp_signed(">=", i, size)
+            bad = b.or_(low, high)
+            if e.attrs.get("guard") is not None:  # a cat part read where it is not selected
+                bad = b.and_(bad, self.value(e.attrs["guard"]))
+            self.note_out_of_range(bad, (e.attrs["where"], e.attrs["size"]))
+            # as torch's index_select and gather, a negative index is out of range (advanced indexing
+            # wraps before it gathers); the clamp keeps a bad index's load inside the buffer
+            out = b.select(low, I64(0), b.select(high, b.sub(size, I64(1)), i))
         else:
             args = [self.value(a) for a in e.args]
             out = self.ops.emit(e.op, args, e.dtype, e.attrs, [a.dtype for a in e.args])
@@ -223,6 +236,19 @@ class KernelCodegen:
             b.store(b.select(take, x, cur), acc)
             b.store(b.select(take, pos, b.load(idx)), idx)
 
+    def note_out_of_range(self, bad, site) -> None:
+        """Or `bad` into the site's bit of the kernel's flags (an or-reduction: the loop still
+        vectorizes); the body ends by or-ing them into the global `<kernel>_oob`, which the runtime
+        checks after the call and turns into an IndexError naming the site."""
+        if self.oob is None:
+            self.oob = self.entry_alloca(I32)
+            self.sites = gather_sites(self.k)
+            with self.b.goto_block(self.entry):
+                self.b.store(I32(0), self.oob)
+        bit = self.sites.index(site) if site in self.sites else len(self.sites) - 1
+        flag = self.b.shl(self.b.zext(bad, I32), I32(bit))
+        self.b.store(self.b.or_(self.b.load(self.oob), flag), self.oob)
+
     def entry_alloca(self, ty):
         with self.b.goto_block(self.entry):
             return self.b.alloca(ty)
@@ -274,6 +300,12 @@ class KernelCodegen:
             self.scopes.append({})
             row()
             self.scopes.pop()
+        if self.oob is not None:  # chunks on other threads may set bits too: an atomic or
+            flag = ir.GlobalVariable(self.module, I32, k.name + OOB_SUFFIX)
+            flag.initializer = I32(0)
+            bits = self.b.load(self.oob)
+            with self.b.if_then(self.b.icmp_unsigned("!=", bits, I32(0))):
+                self.b.atomic_rmw("or", flag, bits, "monotonic")
         self.b.ret_void()
         with self.b.goto_block(self.entry):
             self.b.branch(start_bb)

@@ -71,7 +71,9 @@ MC_FN double mc_remainder(double x, double y) {
   return (m != 0.0 && ((m < 0.0) != (y < 0.0))) ? m + y : m;
 }
 
-MC_FN long long mc_clamp_index(long long i, long long size) {  // negative wraps
+// negative wraps; out of range clamps to stay in memory (the CPU backend raises IndexError there,
+// a kernel on the GPU cannot: see the README, Known limits)
+MC_FN long long mc_clamp_index(long long i, long long size) {
   i = i < 0 ? i + size : i;
   return i < 0 ? 0 : (i >= size ? size - 1 : i);
 }

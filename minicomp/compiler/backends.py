@@ -156,7 +156,7 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
 
 
 def build_cpu(graph, ctx):
-    from ..codegen.llvm import generate_module, outer_extent
+    from ..codegen.llvm import OOB_SUFFIX, gather_sites, generate_module, outer_extent
     from ..ir.kernel import format_kernel
     from ..runtime.cpu import JitModule, KernelLaunch, runs_whole
 
@@ -173,7 +173,9 @@ def build_cpu(graph, ctx):
     codegen_s = time.perf_counter() - t0
 
     def launch(k, slots):
-        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), work(k), k.name)
+        sites = tuple(gather_sites(k))
+        oob = jit.global_address(k.name + OOB_SUFFIX) if sites else None
+        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), work(k), k.name, oob, sites)
     program, detail = assemble(graph, ctx, kernels, launch, jit)
     detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=round(codegen_s * 1e3, 1))
     return program, detail

@@ -162,7 +162,10 @@ class KernelBuilder:
             x, index = node.args
             i = self.value(index, idx if node.op == "gather" else [idx[d]])
             sidx = list(idx)
-            sidx[d] = data(self.mk("clamp_index", (i,), "i64", size=x.type.shape[d]))
+            where = f"{node.op} at {node.meta['source']}" if node.meta.get("source") else node.op
+            # under a cat part's guard the index is only checked where the part is selected
+            guard = {} if self.guard is None else {"guard": self.guard}
+            sidx[d] = data(self.mk("clamp_index", (i,), "i64", size=x.type.shape[d], where=where, **guard))
             return self.value(x, sidx)
         raise NotFusable(node, f"{node.op} cannot be inlined", materialize=True)
 

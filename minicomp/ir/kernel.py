@@ -81,6 +81,10 @@ class Kernel:
     bytes_written: int = 0
     comment: str = ""
 
+    def exprs(self) -> list:
+        """Every expression the kernel computes: a walk of its reductions' and stores' values."""
+        return walk([r.value for st in self.stages for r in st] + [s.value for s in self.inner_stores + self.outer_stores])
+
     @property
     def kind(self) -> str:
         return "row" if self.inner else "pointwise"

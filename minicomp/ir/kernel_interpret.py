@@ -62,7 +62,12 @@ class _Eval:
         elif e.op == "clamp_index":
             i = self.value(e.args[0]).to(torch.int64)
             size = e.attrs["size"]
-            out = torch.where(i < 0, i + size, i).clamp(0, size - 1)
+            bad = (i < 0) | (i >= size)
+            if e.attrs.get("guard") is not None:  # a cat part read where it is not selected
+                bad = bad & self.value(e.attrs["guard"])
+            if bool(bad.any()):  # as eager, and as the CPU kernels report
+                raise IndexError(f"minicomp: index out of range in {e.attrs['where']} (a dimension of size {size})")
+            out = i.clamp(0, size - 1)  # where a guard discards the read, it still stays in memory
         else:
             attrs = {k: v for k, v in e.attrs.items() if k != "guard"}
             out = OPS[e.op].ref([self.value(a) for a in e.args], attrs, self.device)

@@ -95,6 +95,12 @@ class JitModule:
             raise RuntimeError(f"minicomp: compiled module has no function {name}")
         return addr
 
+    def global_address(self, name: str) -> int:
+        addr = self.engine.get_global_value_address(name)
+        if not addr:
+            raise RuntimeError(f"minicomp: compiled module has no global {name}")
+        return addr
+
 
 def runs_whole(work: int, extent: int) -> bool:
     """Whether a kernel runs as one call over its whole outer range rather than split across threads
@@ -105,8 +111,13 @@ def runs_whole(work: int, extent: int) -> bool:
 class KernelLaunch:
     """One kernel: fills its pointer array from env slots and runs the outer range in chunks."""
 
-    def __init__(self, fn_addr: int, slots: list, extent: int, work: int, name: str):
+    def __init__(self, fn_addr: int, slots: list, extent: int, work: int, name: str,
+                 oob_addr: int | None = None, sites: tuple = ()):
         self.fn = _KERNEL_T(fn_addr)
+        # a kernel that gathers raises IndexError after a call that read out of range: it clamps
+        # the index to stay in memory and sets bit j of the flags at oob_addr for sites[j]
+        self.oob = ctypes.c_int32.from_address(oob_addr) if oob_addr else None
+        self.sites = sites
         self.slots = slots
         self.ptrs = (ctypes.c_void_p * max(len(slots), 1))()
         self.ptrs_addr = ctypes.addressof(self.ptrs)
@@ -125,9 +136,13 @@ class KernelLaunch:
             ptrs[i] = env[s].data_ptr()
         if self.chunks is None:
             self.fn(self.ptrs_addr, 0, self.extent)
-            return
-        futures = [self.pool.submit(self.fn, self.ptrs_addr, lo, hi) for lo, hi in self.chunks[1:]]
-        lo, hi = self.chunks[0]
-        self.fn(self.ptrs_addr, lo, hi)
-        for f in futures:
-            f.result()
+        else:
+            futures = [self.pool.submit(self.fn, self.ptrs_addr, lo, hi) for lo, hi in self.chunks[1:]]
+            lo, hi = self.chunks[0]
+            self.fn(self.ptrs_addr, lo, hi)
+            for f in futures:
+                f.result()
+        if self.oob is not None and self.oob.value:
+            bits, self.oob.value = self.oob.value, 0
+            raise IndexError("minicomp: index out of range in " + "; ".join(
+                f"{where} (a dimension of size {size})" for j, (where, size) in enumerate(self.sites) if bits >> j & 1))

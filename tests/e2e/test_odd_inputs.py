@@ -206,3 +206,44 @@ def test_bool_int_float_promotion(backend):
     f = torch.randn(5, dtype=torch.float64)
     assert_matches_eager(lambda b, i, f: (b + i, i * f, b * f, i.to(torch.int64) + i, b & (i > 3)), b, i, f,
                          backend=backend)
+
+
+# ---- indices out of range ----------------------------------------------------------------------------
+
+def test_out_of_range_indices_raise_like_eager(backend):
+    """Eager raises IndexError, for negative indices too; so does a compiled gather, naming the op and
+    the line, and the next call with good indices runs normally (the kernel's flag is cleared)."""
+    import minicomp
+    x = torch.randn(6, 3)
+
+    def f(x, i):
+        rows = F.embedding(i, x) * 2
+        return rows, torch.gather(x, 0, (i % 6).view(-1, 1).expand(-1, 3))
+    c = minicomp.compile(f, backend=backend)
+    good = torch.tensor([0, 5, 2])
+    for bad in (torch.tensor([0, 6, 2]), torch.tensor([0, -1, 2])):
+        with pytest.raises(IndexError) as info:
+            c(x, bad)
+        if backend == "cpu":  # the one site that read out of range, with its line
+            assert str(info.value).startswith("minicomp: index out of range in index_select at test_odd_inputs.py:")
+            assert "rows = F.embedding(i, x) * 2 (a dimension of size 6)" in str(info.value)
+        torch.testing.assert_close(c(x, good), f(x, good))
+
+
+def test_out_of_range_index_in_a_threaded_gather():
+    import minicomp
+    x = torch.randn(4096, 512)
+    i = torch.randint(0, 4096, (4096,))
+    i[3000] = 4096  # in the second thread's half
+    c = minicomp.compile(lambda x, i: torch.index_select(x, 0, i) + 1, backend="cpu")
+    with pytest.raises(IndexError, match="index_select"):
+        c(x, i)
+    i[3000] = 7
+    torch.testing.assert_close(c(x, i), torch.index_select(x, 0, i) + 1)
+
+
+def test_a_gather_inside_a_cat_part_is_checked_only_where_selected(backend):
+    """Fused, each cat part is evaluated at every position and masked: the flip's reversed index runs
+    past its part there, which is no error (the prod backward in the zoo does this too)."""
+    x = torch.randn(3, 4)
+    assert_matches_eager(lambda x: torch.cat([torch.ones(3, 1), x.flip(1)], 1) * 2, *_grad(x), backend=backend)
