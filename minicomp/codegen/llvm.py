@@ -27,6 +27,9 @@ from .llvm_ops import FLOATS, I1, I64, UNSIGNED, Ops, const, mem_type, reg_type
 
 PTR = ir.PointerType()
 I32 = ir.IntType(32)
+# a kernel the runtime always runs whole also gets <name>_run(), which takes no arguments (a ctypes call
+# without arguments costs a fifth of one with three) and reads its buffer pointers from <name>_bufs
+RUN_SUFFIX, BUFS_SUFFIX = "_run", "_bufs"
 OOB_SUFFIX = "_oob"  # a kernel that gathers sets bit j of the global <name>_oob: gather_sites(k)[j] read out of range
 
 
@@ -316,6 +319,13 @@ class KernelCodegen:
         ptrs = [wb.load(wb.gep(bufs, [I64(i)], source_etype=PTR), typ=PTR) for i in range(nb)]
         wb.call(fn, ptrs + [wrapper.args[1], wrapper.args[2]])
         wb.ret_void()
+        if self.whole:  # <name>_run(): no arguments, the buffers in the global <name>_bufs, the whole range
+            table = ir.GlobalVariable(self.module, ir.ArrayType(PTR, max(nb, 1)), k.name + BUFS_SUFFIX)
+            table.initializer = ir.Constant(table.value_type, None)
+            run = ir.Function(self.module, ir.FunctionType(ir.VoidType(), []), k.name + RUN_SUFFIX)
+            rb = ir.IRBuilder(run.append_basic_block("entry"))
+            rb.call(wrapper, [table, I64(0), I64(outer_extent(k))])
+            rb.ret_void()
 
 
 def _prestores(k: Kernel):

@@ -156,7 +156,7 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
 
 
 def build_cpu(graph, ctx):
-    from ..codegen.llvm import OOB_SUFFIX, gather_sites, generate_module, outer_extent
+    from ..codegen.llvm import BUFS_SUFFIX, OOB_SUFFIX, RUN_SUFFIX, gather_sites, generate_module, outer_extent
     from ..ir.kernel import format_kernel
     from ..runtime.cpu import JitModule, KernelLaunch, runs_whole
 
@@ -165,8 +165,9 @@ def build_cpu(graph, ctx):
 
     knodes = [n for n in graph.nodes if n.op == "kernel"]
     t0 = time.perf_counter()
-    text, kernels = generate_module([n.meta["kernel"] for n in knodes],  # no graph name: a stable cache key
-                                    whole=lambda k: runs_whole(work(k), outer_extent(k)))
+    def whole(k):
+        return runs_whole(work(k), outer_extent(k))
+    text, kernels = generate_module([n.meta["kernel"] for n in knodes], whole=whole)  # no graph name: a stable cache key
     ctx.dump.stage("kernels", "\n".join(format_kernel(k) for k in kernels), level=3)
     ctx.dump.stage("llvm", text, level=4)
     jit = JitModule(text) if knodes else None
@@ -175,7 +176,8 @@ def build_cpu(graph, ctx):
     def launch(k, slots):
         sites = tuple(gather_sites(k))
         oob = jit.global_address(k.name + OOB_SUFFIX) if sites else None
-        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), work(k), k.name, oob, sites)
+        run = (jit.address(k.name + RUN_SUFFIX), jit.global_address(k.name + BUFS_SUFFIX)) if whole(k) else None
+        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), work(k), k.name, oob, sites, run)
     program, detail = assemble(graph, ctx, kernels, launch, jit)
     detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=round(codegen_s * 1e3, 1))
     return program, detail

@@ -17,6 +17,7 @@ import llvmlite.binding as llvm
 from . import cache
 
 _KERNEL_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+_RUN_T = ctypes.CFUNCTYPE(None)
 _lock = threading.Lock()
 _state: dict = {}
 PARALLEL_MIN_WORK = 1 << 20  # elements below which threading costs more than it gains (measured: a GPT block)
@@ -112,14 +113,20 @@ class KernelLaunch:
     """One kernel: fills its pointer array from env slots and runs the outer range in chunks."""
 
     def __init__(self, fn_addr: int, slots: list, extent: int, work: int, name: str,
-                 oob_addr: int | None = None, sites: tuple = ()):
+                 oob_addr: int | None = None, sites: tuple = (), whole: tuple | None = None):
+        """`whole`: (address of <name>_run, address of <name>_bufs) for a kernel that never splits."""
         self.fn = _KERNEL_T(fn_addr)
         # a kernel that gathers raises IndexError after a call that read out of range: it clamps
         # the index to stay in memory and sets bit j of the flags at oob_addr for sites[j]
         self.oob = ctypes.c_int32.from_address(oob_addr) if oob_addr else None
         self.sites = sites
         self.slots = slots
-        self.ptrs = (ctypes.c_void_p * max(len(slots), 1))()
+        if whole is not None:
+            self.run = _RUN_T(whole[0])
+            self.ptrs = (ctypes.c_void_p * max(len(slots), 1)).from_address(whole[1])
+        else:
+            self.run = None
+            self.ptrs = (ctypes.c_void_p * max(len(slots), 1))()
         self.ptrs_addr = ctypes.addressof(self.ptrs)
         self.extent = extent
         self.name = name
@@ -134,7 +141,19 @@ class KernelLaunch:
         ptrs = self.ptrs
         for i, s in enumerate(self.slots):
             ptrs[i] = env[s].data_ptr()
-        if self.chunks is None:
+        self.launch()
+
+    def emit(self, k: int, v, ns: dict) -> list:
+        """Program._straight_line's lines for this launch: fill the pointers, call the kernel."""
+        ns[f"P{k}"], ns[f"L{k}"], ns[f"R{k}"] = self.ptrs, self, self.run
+        lines = [f"P{k}[{i}] = {v(s)}.data_ptr()" for i, s in enumerate(self.slots)]
+        simple = self.run is not None and self.chunks is None and self.oob is None
+        return lines + [f"R{k}()" if simple else f"L{k}.launch()"]
+
+    def launch(self) -> None:
+        if self.run is not None:
+            self.run()
+        elif self.chunks is None:
             self.fn(self.ptrs_addr, 0, self.extent)
         else:
             futures = [self.pool.submit(self.fn, self.ptrs_addr, lo, hi) for lo, hi in self.chunks[1:]]

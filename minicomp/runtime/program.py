@@ -58,6 +58,14 @@ class TorchCall:
             r = r.contiguous()
         env[self.out] = r
 
+    def emit(self, k: int, v, ns: dict) -> list:
+        ns[f"T{k}"] = self.fn
+        lines = [f"{v(self.out)} = T{k}({', '.join(v(a) for a in self.args)})"]
+        if self.contiguous:
+            lines.append(f"if isinstance({v(self.out)}, Tensor) and not {v(self.out)}.is_contiguous(): "
+                         f"{v(self.out)} = {v(self.out)}.contiguous()")
+        return lines
+
 
 class AsStrided:
     """A chain of views of a tensor whose layout is known when compiling, as one view
@@ -69,6 +77,10 @@ class AsStrided:
     def __call__(self, env: list) -> None:
         r = env[self.root]
         env[self.out] = r.as_strided(self.size, self.stride, r.storage_offset() + self.offset)
+
+    def emit(self, k: int, v, ns: dict) -> list:
+        r = v(self.root)
+        return [f"{v(self.out)} = {r}.as_strided({self.size!r}, {self.stride!r}, {r}.storage_offset() + {self.offset})"]
 
 
 class Program:
@@ -107,10 +119,41 @@ class Program:
         self.arena = arena
         self.arena_range = (arena.data_ptr(), arena.data_ptr() + self.arena_bytes) if arena is not None else None
         self.template = template
+        self.run = self._straight_line() if all(hasattr(s, "emit") for s in self.steps) else self._loop
+
+    def _straight_line(self):
+        """The call as generated Python, one line a step, every slot a local: what `_loop` does, without
+        the list, the loops and the attribute lookups (a few microseconds on a small program)."""
+        ns: dict = {"Tensor": torch.Tensor}
+        fresh = dict(self.fresh)
+
+        def v(slot: int) -> str:
+            if self.template[slot] is not None and slot >= self.n_inputs:
+                ns[f"C{slot}"] = self.template[slot]  # a constant or an arena view: fixed
+                return f"C{slot}"
+            return f"s{slot}"
+        lines = [f"def run({', '.join(f's{i}' for i in range(self.n_inputs))}):"]
+        lines += [f"    if not s{i}.is_contiguous(): s{i} = s{i}.contiguous()" for i in range(self.n_inputs)]
+        for slot, make in fresh.items():
+            ns[f"M{slot}"] = make
+            lines.append(f"    s{slot} = M{slot}()")
+        for k, step in enumerate(self.steps):
+            lines += ["    " + line for line in step.emit(k, v, ns)]
+        outs = ["None" if o is None else v(o) for o in self.outputs]
+        if self.arena_range is not None:  # never hand out memory the next call overwrites
+            lo, hi = self.arena_range
+            for i in self.may_alias:
+                lines.append(f"    if {lo} <= {outs[i]}.data_ptr() < {hi}: {outs[i]} = {outs[i]}.clone()")
+        lines.append(f"    return [{', '.join(outs)}]")
+        exec(compile("\n".join(lines) + "\n", "<minicomp program>", "exec"), ns)
+        return ns["run"]
 
     def __call__(self, *inputs):
         if self.template is None:
             self._setup()
+        return self.run(*inputs)
+
+    def _loop(self, *inputs):
         env = list(self.template)
         for i, x in enumerate(inputs):
             env[i] = x if x.is_contiguous() else x.contiguous()

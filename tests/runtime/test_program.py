@@ -125,3 +125,43 @@ def test_view_chains_of_known_layouts_are_one_as_strided_each():
     for b in (torch.randn(1, 4), torch.randn(4).as_strided((1, 4), (77, 1))):
         for got, want in zip(program(x, w, b, y), interpret(parse(VIEWS), x, w, b, y), strict=True):
             torch.testing.assert_close(got, want)
+
+
+def test_cpu_programs_run_as_straight_line_code_and_profiling_times_each_kernel(monkeypatch):
+    """A CPU program's call is generated code (Program._straight_line); with MINICOMP_PROFILE=1 each
+    step is wrapped in a timer instead, the program takes the generic loop, and the report has the
+    mean time per kernel. Both give eager's results."""
+    def f(x, w):
+        return torch.softmax(x @ w, -1).t().contiguous() + 1
+    x, w = torch.randn(64, 32), torch.randn(32, 16)
+    plain = _program_of(minicomp.compile(f, backend="cpu"), x, w)
+    assert plain.run.__name__ == "run" and plain.run.__code__.co_filename == "<minicomp program>"
+    monkeypatch.setenv("MINICOMP_PROFILE", "1")
+    c = minicomp.compile(f, backend="cpu")
+    profiled = _program_of(c, x, w)
+    assert profiled.run == profiled._loop
+    for _ in range(3):
+        torch.testing.assert_close(c(x, w), f(x, w))
+    assert c.report().kernels and all(k.time_s > 0 for k in c.report().kernels)
+
+
+def _program_of(compiled, *inputs):
+    """The Program behind a compiled callable's one graph (through the capture hook)."""
+    from minicomp.compiler import capture
+    from minicomp.runtime.program import Program
+    seen = []
+    orig = capture.compile_fx_graph
+
+    def spy(*a, **k):
+        boxed = orig(*a, **k)
+        seen.append(boxed)
+        return boxed
+    capture.compile_fx_graph = spy
+    try:
+        out = compiled(*inputs)
+    finally:
+        capture.compile_fx_graph = orig
+    torch.testing.assert_close(out, compiled.model(*inputs))
+    (boxed,) = seen
+    (program,) = [c.cell_contents for c in boxed.__closure__ if isinstance(c.cell_contents, Program)]
+    return program
