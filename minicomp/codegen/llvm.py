@@ -30,12 +30,21 @@ I32 = ir.IntType(32)
 # a kernel the runtime always runs whole also gets <name>_run(), which takes no arguments (a ctypes call
 # without arguments costs a fifth of one with three) and reads its buffer pointers from <name>_bufs
 RUN_SUFFIX, BUFS_SUFFIX = "_run", "_bufs"
-OOB_SUFFIX = "_oob"  # a kernel that gathers sets bit j of the global <name>_oob: gather_sites(k)[j] read out of range
+OOB_SUFFIX = "_oob"  # a kernel that checks sets bit j of the global <name>_oob: check_sites(k)[j] failed
 
 
-def gather_sites(k: Kernel) -> list:
-    """(where, size) of each gather or index_select in kernel k, in the order of its flag bits."""
-    return sorted({(e.attrs["where"], e.attrs["size"]) for e in k.exprs() if e.op == "clamp_index"})[:32]
+def _site(e: KExpr):
+    """(exception, message) when e is checked at run time: a gather's index, an integer division."""
+    if e.op == "clamp_index":
+        return "IndexError", f"index out of range in {e.attrs['where']} (a dimension of size {e.attrs['size']})"
+    if "where" in e.attrs:
+        return "ZeroDivisionError", f"integer division by zero in {e.attrs['where']}"
+    return None
+
+
+def check_sites(k: Kernel) -> list:
+    """Kernel k's run-time checks, (exception, message) each, in the order of its flag bits."""
+    return sorted({s for s in map(_site, k.exprs()) if s is not None})[:32]
 MATH_INTERLEAVE = 4
 MATH_INTERLEAVE_MIN_TRIPS = 256  # shorter loops would leave most iterations to the scalar remainder
 NO_UNROLL_MIN_TRIPS = 128  # constant-trip loops this long are not unrolled (see the module docstring)
@@ -48,7 +57,7 @@ class KernelCodegen:
         self.scopes: list[dict] = []
         self.accs: dict = {}
         self.loops = 0  # loops emitted so far
-        self.oob = None  # alloca: some index was out of range (kernels that gather)
+        self.oob = None  # alloca: a run-time check failed (kernels that gather or divide integers)
         self.prestores, self.finish = _prestores(kernel)
 
     # -- values ------------------------------------------------------------------------------------
@@ -102,12 +111,17 @@ class KernelCodegen:
             bad = b.or_(low, high)
             if e.attrs.get("guard") is not None:  # a cat part read where it is not selected
                 bad = b.and_(bad, self.value(e.attrs["guard"]))
-            self.note_out_of_range(bad, (e.attrs["where"], e.attrs["size"]))
+            self.note_failure(bad, _site(e))
             # as torch's index_select and gather, a negative index is out of range (advanced indexing
             # wraps before it gathers); the clamp keeps a bad index's load inside the buffer
             out = b.select(low, I64(0), b.select(high, b.sub(size, I64(1)), i))
         else:
             args = [self.value(a) for a in e.args]
+            if "where" in e.attrs:  # an integer division: a zero divisor is an error, as in eager
+                bad = b.icmp_signed("==", args[1], ir.Constant(args[1].type, 0))
+                if e.attrs.get("guard") is not None:
+                    bad = b.and_(bad, self.value(e.attrs["guard"]))
+                self.note_failure(bad, _site(e))
             out = self.ops.emit(e.op, args, e.dtype, e.attrs, [a.dtype for a in e.args])
         self.scopes[-1][id(e)] = out
         return out
@@ -239,13 +253,13 @@ class KernelCodegen:
             b.store(b.select(take, x, cur), acc)
             b.store(b.select(take, pos, b.load(idx)), idx)
 
-    def note_out_of_range(self, bad, site) -> None:
+    def note_failure(self, bad, site) -> None:
         """Or `bad` into the site's bit of the kernel's flags (an or-reduction: the loop still
         vectorizes); the body ends by or-ing them into the global `<kernel>_oob`, which the runtime
-        checks after the call and turns into an IndexError naming the site."""
+        checks after the call and turns into the site's exception (IndexError, ZeroDivisionError)."""
         if self.oob is None:
             self.oob = self.entry_alloca(I32)
-            self.sites = gather_sites(self.k)
+            self.sites = check_sites(self.k)
             with self.b.goto_block(self.entry):
                 self.b.store(I32(0), self.oob)
         bit = self.sites.index(site) if site in self.sites else len(self.sites) - 1

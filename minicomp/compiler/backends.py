@@ -156,7 +156,7 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
 
 
 def build_cpu(graph, ctx):
-    from ..codegen.llvm import BUFS_SUFFIX, OOB_SUFFIX, RUN_SUFFIX, gather_sites, generate_module, outer_extent
+    from ..codegen.llvm import BUFS_SUFFIX, OOB_SUFFIX, RUN_SUFFIX, check_sites, generate_module, outer_extent
     from ..ir.kernel import format_kernel
     from ..runtime.cpu import JitModule, KernelLaunch, runs_whole
 
@@ -174,7 +174,7 @@ def build_cpu(graph, ctx):
     codegen_s = time.perf_counter() - t0
 
     def launch(k, slots):
-        sites = tuple(gather_sites(k))
+        sites = tuple(check_sites(k))
         oob = jit.global_address(k.name + OOB_SUFFIX) if sites else None
         run = (jit.address(k.name + RUN_SUFFIX), jit.global_address(k.name + BUFS_SUFFIX)) if whole(k) else None
         return KernelLaunch(jit.address(k.name), slots, outer_extent(k), work(k), k.name, oob, sites, run)

@@ -15,6 +15,15 @@ from ..ir.index import Expr, Var, data, linear, unravel
 from ..ir.kernel import Buffer, Kernel, KExpr, Reduction, Store, walk
 
 
+INT_DIVISIONS = ("div_floor", "div_trunc", "remainder", "fmod")  # integer forms raise on a zero divisor
+FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
+
+
+def _where(node: Node) -> str:
+    """The op and the user's source line, for run-time errors a kernel reports."""
+    return f"{node.op} at {node.meta['source']}" if node.meta.get("source") else node.op
+
+
 class NotFusable(Exception):
     def __init__(self, node: Node, reason: str, materialize: bool = False):
         super().__init__(reason)
@@ -125,7 +134,12 @@ class KernelBuilder:
                 lead = len(shape) - a.type.ndim
                 aidx = [idx[lead + k] if s != 1 else Expr(0) for k, s in enumerate(a.type.shape)]
                 args.append(self.value(a, aidx))
-            return self.mk(node.op, tuple(args), node.type.dtype, **node.attrs)
+            attrs = dict(node.attrs)
+            if node.op in INT_DIVISIONS and node.args[1].type.dtype not in FLOAT_DTYPES:  # checked for 0
+                attrs["where"] = _where(node)
+                if self.guard is not None:  # a cat part divides where it is not selected too
+                    attrs["guard"] = self.guard
+            return self.mk(node.op, tuple(args), node.type.dtype, **attrs)
         src = node.args[0] if node.args else None
         if node.op == "reshape":
             return self.value(src, unravel(linear(idx, shape), src.type.shape))
@@ -162,10 +176,9 @@ class KernelBuilder:
             x, index = node.args
             i = self.value(index, idx if node.op == "gather" else [idx[d]])
             sidx = list(idx)
-            where = f"{node.op} at {node.meta['source']}" if node.meta.get("source") else node.op
             # under a cat part's guard the index is only checked where the part is selected
             guard = {} if self.guard is None else {"guard": self.guard}
-            sidx[d] = data(self.mk("clamp_index", (i,), "i64", size=x.type.shape[d], where=where, **guard))
+            sidx[d] = data(self.mk("clamp_index", (i,), "i64", size=x.type.shape[d], where=_where(node), **guard))
             return self.value(x, sidx)
         raise NotFusable(node, f"{node.op} cannot be inlined", materialize=True)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import KernelIndexError
+
 from .index import Expr, Var
 from .kernel import Kernel, KExpr
 from .ops import OPS
@@ -66,7 +68,7 @@ class _Eval:
             if e.attrs.get("guard") is not None:  # a cat part read where it is not selected
                 bad = bad & self.value(e.attrs["guard"])
             if bool(bad.any()):  # as eager, and as the CPU kernels report
-                raise IndexError(f"minicomp: index out of range in {e.attrs['where']} (a dimension of size {size})")
+                raise KernelIndexError(f"minicomp: index out of range in {e.attrs['where']} (a dimension of size {size})")
             out = i.clamp(0, size - 1)  # where a guard discards the read, it still stays in memory
         else:
             attrs = {k: v for k, v in e.attrs.items() if k != "guard"}

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import llvmlite
 import llvmlite.binding as llvm
 
+from ..errors import KernelIndexError, KernelZeroDivisionError
 from . import cache
 
 _KERNEL_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -116,8 +117,9 @@ class KernelLaunch:
                  oob_addr: int | None = None, sites: tuple = (), whole: tuple | None = None):
         """`whole`: (address of <name>_run, address of <name>_bufs) for a kernel that never splits."""
         self.fn = _KERNEL_T(fn_addr)
-        # a kernel that gathers raises IndexError after a call that read out of range: it clamps
-        # the index to stay in memory and sets bit j of the flags at oob_addr for sites[j]
+        # a kernel with run-time checks (a gather's index, an integer divisor) raises after a call in
+        # which one failed: it kept going safely (index clamped, divisor 1) and set bit j of the flags
+        # at oob_addr for sites[j] = (exception name, message)
         self.oob = ctypes.c_int32.from_address(oob_addr) if oob_addr else None
         self.sites = sites
         self.slots = slots
@@ -163,5 +165,6 @@ class KernelLaunch:
                 f.result()
         if self.oob is not None and self.oob.value:
             bits, self.oob.value = self.oob.value, 0
-            raise IndexError("minicomp: index out of range in " + "; ".join(
-                f"{where} (a dimension of size {size})" for j, (where, size) in enumerate(self.sites) if bits >> j & 1))
+            failed = [site for j, site in enumerate(self.sites) if bits >> j & 1]
+            error = {"IndexError": KernelIndexError, "ZeroDivisionError": KernelZeroDivisionError}[failed[0][0]]
+            raise error("minicomp: " + "; ".join(message for _, message in failed))

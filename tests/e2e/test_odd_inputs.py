@@ -247,3 +247,25 @@ def test_a_gather_inside_a_cat_part_is_checked_only_where_selected(backend):
     past its part there, which is no error (the prod backward in the zoo does this too)."""
     x = torch.randn(3, 4)
     assert_matches_eager(lambda x: torch.cat([torch.ones(3, 1), x.flip(1)], 1) * 2, *_grad(x), backend=backend)
+
+
+def test_integer_division_by_zero_raises_like_eager(backend):
+    """Eager raises RuntimeError("ZeroDivisionError"); the CPU kernel raises an error that is both a
+    ZeroDivisionError and a RuntimeError, naming the op and the line. Division inside a cat part is
+    checked only where the part is selected (its masked positions read the divisor's first element)."""
+    import minicomp
+    a, c = torch.randint(-50, 50, (8,)), torch.tensor([0, 1, 2, 3, -4, 5, -6, 7])
+
+    def f(a, c):
+        q = a[1:] // c[1:]
+        return torch.cat([a[:1], q]), torch.cat([a[:1], a[1:] % c[1:]])
+    comp = minicomp.compile(f, backend=backend)
+    torch.testing.assert_close(comp(a, c), f(a, c))
+    bad = c.clone()
+    bad[3] = 0
+    with pytest.raises(RuntimeError) as info:
+        comp(a, bad)
+    if backend == "cpu":
+        assert isinstance(info.value, ZeroDivisionError)
+        assert str(info.value).startswith("minicomp: integer division by zero in div_floor at test_odd_inputs.py:")
+    torch.testing.assert_close(comp(a, c), f(a, c))
