@@ -125,7 +125,6 @@ class Program:
         """The call as generated Python, one line a step, every slot a local: what `_loop` does, without
         the list, the loops and the attribute lookups (a few microseconds on a small program)."""
         ns: dict = {"Tensor": torch.Tensor}
-        fresh = dict(self.fresh)
 
         def v(slot: int) -> str:
             if self.template[slot] is not None and slot >= self.n_inputs:
@@ -134,7 +133,7 @@ class Program:
             return f"s{slot}"
         lines = [f"def run({', '.join(f's{i}' for i in range(self.n_inputs))}):"]
         lines += [f"    if not s{i}.is_contiguous(): s{i} = s{i}.contiguous()" for i in range(self.n_inputs)]
-        for slot, make in fresh.items():
+        for slot, make in self.fresh:
             ns[f"M{slot}"] = make
             lines.append(f"    s{slot} = M{slot}()")
         for k, step in enumerate(self.steps):
@@ -143,7 +142,9 @@ class Program:
         if self.arena_range is not None:  # never hand out memory the next call overwrites
             lo, hi = self.arena_range
             for i in self.may_alias:
-                lines.append(f"    if {lo} <= {outs[i]}.data_ptr() < {hi}: {outs[i]} = {outs[i]}.clone()")
+                lines.append(f"    o{i} = {outs[i]}")
+                lines.append(f"    if {lo} <= o{i}.data_ptr() < {hi}: o{i} = o{i}.clone()")
+                outs[i] = f"o{i}"
         lines.append(f"    return [{', '.join(outs)}]")
         exec(compile("\n".join(lines) + "\n", "<minicomp program>", "exec"), ns)
         return ns["run"]
