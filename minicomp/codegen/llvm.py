@@ -30,7 +30,7 @@ I32 = ir.IntType(32)
 # a kernel the runtime always runs whole also gets <name>_run(), which takes no arguments (a ctypes call
 # without arguments costs a fifth of one with three) and reads its buffer pointers from <name>_bufs
 RUN_SUFFIX, BUFS_SUFFIX = "_run", "_bufs"
-OOB_SUFFIX = "_oob"  # a kernel that checks sets bit j of the global <name>_oob: check_sites(k)[j] failed
+FAILED_SUFFIX = "_failed"  # a kernel that checks sets bit j of the global <name>_failed: check_sites(k)[j] failed
 
 
 def _site(e: KExpr):
@@ -57,7 +57,7 @@ class KernelCodegen:
         self.scopes: list[dict] = []
         self.accs: dict = {}
         self.loops = 0  # loops emitted so far
-        self.oob = None  # alloca: a run-time check failed (kernels that gather or divide integers)
+        self.failed = None  # alloca: a run-time check failed (kernels that gather or divide integers)
         self.prestores, self.finish = _prestores(kernel)
 
     # -- values ------------------------------------------------------------------------------------
@@ -255,16 +255,16 @@ class KernelCodegen:
 
     def note_failure(self, bad, site) -> None:
         """Or `bad` into the site's bit of the kernel's flags (an or-reduction: the loop still
-        vectorizes); the body ends by or-ing them into the global `<kernel>_oob`, which the runtime
+        vectorizes); the body ends by or-ing them into the global `<kernel>_failed`, which the runtime
         checks after the call and turns into the site's exception (IndexError, ZeroDivisionError)."""
-        if self.oob is None:
-            self.oob = self.entry_alloca(I32)
+        if self.failed is None:
+            self.failed = self.entry_alloca(I32)
             self.sites = check_sites(self.k)
             with self.b.goto_block(self.entry):
-                self.b.store(I32(0), self.oob)
+                self.b.store(I32(0), self.failed)
         bit = self.sites.index(site) if site in self.sites else len(self.sites) - 1
         flag = self.b.shl(self.b.zext(bad, I32), I32(bit))
-        self.b.store(self.b.or_(self.b.load(self.oob), flag), self.oob)
+        self.b.store(self.b.or_(self.b.load(self.failed), flag), self.failed)
 
     def entry_alloca(self, ty):
         with self.b.goto_block(self.entry):
@@ -317,10 +317,10 @@ class KernelCodegen:
             self.scopes.append({})
             row()
             self.scopes.pop()
-        if self.oob is not None:  # chunks on other threads may set bits too: an atomic or
-            flag = ir.GlobalVariable(self.module, I32, k.name + OOB_SUFFIX)
+        if self.failed is not None:  # chunks on other threads may set bits too: an atomic or
+            flag = ir.GlobalVariable(self.module, I32, k.name + FAILED_SUFFIX)
             flag.initializer = I32(0)
-            bits = self.b.load(self.oob)
+            bits = self.b.load(self.failed)
             with self.b.if_then(self.b.icmp_unsigned("!=", bits, I32(0))):
                 self.b.atomic_rmw("or", flag, bits, "monotonic")
         self.b.ret_void()

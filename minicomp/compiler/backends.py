@@ -156,7 +156,7 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
 
 
 def build_cpu(graph, ctx):
-    from ..codegen.llvm import BUFS_SUFFIX, OOB_SUFFIX, RUN_SUFFIX, check_sites, generate_module, outer_extent
+    from ..codegen.llvm import BUFS_SUFFIX, FAILED_SUFFIX, RUN_SUFFIX, check_sites, generate_module, outer_extent
     from ..ir.kernel import format_kernel
     from ..runtime.cpu import JitModule, KernelLaunch, runs_whole
 
@@ -175,9 +175,9 @@ def build_cpu(graph, ctx):
 
     def launch(k, slots):
         sites = tuple(check_sites(k))
-        oob = jit.global_address(k.name + OOB_SUFFIX) if sites else None
+        failed = jit.global_address(k.name + FAILED_SUFFIX) if sites else None
         run = (jit.address(k.name + RUN_SUFFIX), jit.global_address(k.name + BUFS_SUFFIX)) if whole(k) else None
-        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), work(k), k.name, oob, sites, run)
+        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), work(k), k.name, failed, sites, run)
     program, detail = assemble(graph, ctx, kernels, launch, jit)
     detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=round(codegen_s * 1e3, 1))
     return program, detail

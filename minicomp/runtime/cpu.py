@@ -114,13 +114,13 @@ class KernelLaunch:
     """One kernel: fills its pointer array from env slots and runs the outer range in chunks."""
 
     def __init__(self, fn_addr: int, slots: list, extent: int, work: int, name: str,
-                 oob_addr: int | None = None, sites: tuple = (), whole: tuple | None = None):
+                 failed_addr: int | None = None, sites: tuple = (), whole: tuple | None = None):
         """`whole`: (address of <name>_run, address of <name>_bufs) for a kernel that never splits."""
         self.fn = _KERNEL_T(fn_addr)
         # a kernel with run-time checks (a gather's index, an integer divisor) raises after a call in
         # which one failed: it kept going safely (index clamped, divisor 1) and set bit j of the flags
-        # at oob_addr for sites[j] = (exception name, message)
-        self.oob = ctypes.c_int32.from_address(oob_addr) if oob_addr else None
+        # at failed_addr for sites[j] = (exception name, message)
+        self.failed = ctypes.c_int32.from_address(failed_addr) if failed_addr else None
         self.sites = sites
         self.slots = slots
         if whole is not None:
@@ -149,7 +149,7 @@ class KernelLaunch:
         """Program._straight_line's lines for this launch: fill the pointers, call the kernel."""
         ns[f"P{k}"], ns[f"L{k}"], ns[f"R{k}"] = self.ptrs, self, self.run
         lines = [f"P{k}[{i}] = {v(s)}.data_ptr()" for i, s in enumerate(self.slots)]
-        simple = self.run is not None and self.chunks is None and self.oob is None
+        simple = self.run is not None and self.chunks is None and self.failed is None
         return lines + [f"R{k}()" if simple else f"L{k}.launch()"]
 
     def launch(self) -> None:
@@ -163,8 +163,8 @@ class KernelLaunch:
             self.fn(self.ptrs_addr, lo, hi)
             for f in futures:
                 f.result()
-        if self.oob is not None and self.oob.value:
-            bits, self.oob.value = self.oob.value, 0
+        if self.failed is not None and self.failed.value:
+            bits, self.failed.value = self.failed.value, 0
             failed = [site for j, site in enumerate(self.sites) if bits >> j & 1]
             error = {"IndexError": KernelIndexError, "ZeroDivisionError": KernelZeroDivisionError}[failed[0][0]]
             raise error("minicomp: " + "; ".join(message for _, message in failed))
