@@ -17,8 +17,11 @@ DEFAULT_SM_COUNT = 132  # an H200, when there is no device to ask
 
 
 def sm_count() -> int:
-    """Streaming multiprocessors of the current GPU (launch sizes follow it); an H200's without one."""
+    """Streaming multiprocessors launch sizes are planned for: MINICOMP_SM_COUNT if set, else the
+    current GPU's, else an H200's."""
     import torch
+    if os.environ.get("MINICOMP_SM_COUNT"):
+        return int(os.environ["MINICOMP_SM_COUNT"])
     if torch.cuda.is_available():
         return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return DEFAULT_SM_COUNT

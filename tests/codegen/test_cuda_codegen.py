@@ -234,6 +234,15 @@ def test_launch_sizes():
     assert wide[0].grid == 2 and wide[0].block == 256
 
 
+def test_sm_count_follows_the_environment(monkeypatch):
+    from minicomp.compiler.backend_cuda import DEFAULT_SM_COUNT, sm_count
+    monkeypatch.delenv("MINICOMP_SM_COUNT", raising=False)
+    if not torch.cuda.is_available():
+        assert sm_count() == DEFAULT_SM_COUNT
+    monkeypatch.setenv("MINICOMP_SM_COUNT", "2")
+    assert sm_count() == 2
+
+
 def test_source_is_deterministic():
     a, _ = generate(case_kernels("reductions"))
     b, _ = generate(case_kernels("reductions"))
