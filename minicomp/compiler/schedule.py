@@ -65,6 +65,8 @@ class Scheduler:
         self.torch_views: set = set()
         self.last_error: NotFusable | None = None
         self.order = {n: i for i, n in enumerate(graph.nodes)}
+        outputs = {o for o in graph.outputs if o is not None}
+        self.stored_anyway = outputs | {a for n in graph.nodes if runs_in_torch(n, kernel_ops) for a in n.args}
 
     def has_buffer(self, node: Node) -> bool:
         """In memory, contiguous: inputs, constants, stored values, results of torch ops (not torch
@@ -186,11 +188,20 @@ class Scheduler:
                 if e.node not in self.producer:
                     self.place(e.node)
 
+    def column_sum_in_torch(self, node: Node) -> bool:
+        """A sum down the columns (the last dim kept: a bias gradient) of a value stored anyway (a
+        matmul's operand or result, an input) runs in torch: its kernel would read with the row
+        stride, one element at a time, where torch's reduction reads whole rows."""
+        if node.op != "sum" or node.args[0].type.ndim < 2 or node.args[0].type.ndim - 1 in node.attrs["dims"]:
+            return False
+        x = node.args[0]
+        return x.op in ("input", "constant") or runs_in_torch(x, self.kernel_ops) or x in self.stored_anyway
+
     def run(self) -> Schedule:
         for node in self.graph.nodes:
             if node.op == "constant":
                 continue
-            if runs_in_torch(node, self.kernel_ops) or node in self.torch_views:
+            if runs_in_torch(node, self.kernel_ops) or node in self.torch_views or self.column_sum_in_torch(node):
                 self.steps.append(node)
                 self.producer[node] = len(self.steps) - 1
             elif OPS[node.op].category == "reduction" or node in self.M:

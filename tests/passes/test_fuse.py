@@ -227,3 +227,24 @@ def test_an_operand_torch_would_copy_to_view_is_written_by_a_kernel():
     assert why == {"reshape": "operand of bmm (runs in torch) (a torch view would copy)",
                    "add": "operand of bmm (runs in torch)"}
     assert [n.op for n in fused.nodes].count("reshape") == 1
+
+
+BIAS_GRAD = """graph bias_grad(%g: f32[64,32], %w: f32[32,16], %y: f32[64,32]) -> (f32[64,16], f32[1,32], f32[1,32]) {
+  %0: f32[64,32] = mul %g %y
+  %1: f32[64,16] = mm %0 %w
+  %2: f32[1,32] = sum %0 [dims=(0,), keepdim=true]
+  %3: f32[64,32] = exp %g
+  %4: f32[1,32] = sum %3 [dims=(0,), keepdim=true]
+  return %1, %2, %4
+}
+"""
+
+
+def test_a_column_sum_of_a_stored_value_runs_in_torch():
+    """%0 is stored anyway (mm reads it): its column sum (a bias gradient) is torch's, whose reduction
+    reads whole rows; exp(g) is stored nowhere, so its column sum stays a kernel that computes it."""
+    fused, _ = compile_text(BIAS_GRAD)
+    agree(BIAS_GRAD, fused)
+    sums = [n for n in fused.nodes if n.op == "sum"]
+    assert len(sums) == 1 and sums[0].args[0].op == "getitem"  # the torch sum reads %0's buffer
+    assert any("exp sum" in k.attrs["fused"] for k in kernels(fused))
