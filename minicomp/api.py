@@ -15,6 +15,7 @@ import functools
 import inspect
 import logging
 import types
+from typing import NamedTuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -33,6 +34,43 @@ _SCALARS = (bool, int, float, str, type(None))  # Dynamo specializes on their va
 # older torch gets the fresh trampoline code object only (graph breaks inside shared code then
 # share Dynamo's recompile limit, and the report says when frames run eagerly).
 _ISOLATE = {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
+
+
+try:  # Dynamo's C++ tensor check (private: without it every call takes the Python signature)
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:
+    _TensorGuards = None
+
+
+class _Fast(NamedTuple):
+    """The last tensors-only signature's program, checked without building its key: TensorGuards
+    compares each tensor's dtype, device, dispatch keys (so autocast and inference mode too),
+    requires_grad, sizes and strides in C++, ~0.15 us where `_signature` takes ~0.9."""
+    guards: object
+    nargs: int
+    grad: bool
+    owner: object  # the module (its .training is part of the key), or _NO_MODE for a function
+    training: object
+    program: object
+
+
+class _NoMode:
+    training = None
+
+
+_NO_MODE = _NoMode()
+
+
+def _fast_path(model, key, args, program):
+    if _TensorGuards is None or key[0] != "tensors":
+        return None
+    try:
+        guards = _TensorGuards(*args, dynamic_dims_sizes=[list(x.shape) for x in args],
+                               dynamic_dims_strides=[list(x.stride()) for x in args])
+    except Exception:  # a tensor the C++ check does not take: the Python signature still works
+        return None
+    owner = model if isinstance(model, torch.nn.Module) else _NO_MODE
+    return _Fast(guards, len(args), key[1], owner, key[2], program)
 
 
 def _trampoline(target):
@@ -81,25 +119,33 @@ class CompiledModule:
     methods that return the model itself (`.eval()`, `.to()`, `.train()`) return this CompiledModule,
     so chaining never drops compilation. It is not an nn.Module: register the model, not this."""
 
-    _OWN = frozenset({"model", "options", "_report", "_programs", "_warned_limit", "__wrapped__", "__doc__"})
+    _OWN = frozenset({"model", "options", "_report", "_programs", "_fast", "_warned_limit", "__wrapped__", "__doc__"})
 
     def __init__(self, model, options: Options):
         self.model = model
         self.options = options
         self._report = Report()
-        self._programs: dict = {}
+        self._programs: dict = {}  # signature -> (program, _Fast or None)
+        self._fast: _Fast | None = None
         self._warned_limit = False
         self.__wrapped__ = model
         self.__doc__ = getattr(model, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
+        fast = self._fast
+        if (fast is not None and not kwargs and len(args) == fast.nargs and torch.is_grad_enabled() is fast.grad
+                and fast.owner.training is fast.training and fast.guards.check(*args)):
+            return fast.program(*args)
         key = _signature(self.model, args, kwargs)
-        program = self._programs.get(key)
-        if program is None:
+        entry = self._programs.get(key)
+        if entry is None:
             if len(self._programs) >= self.options.max_programs:
                 self._note_limit()
                 return self.model(*args, **kwargs)
             return self._compile_and_run(key, args, kwargs)
+        program, fast = entry
+        if fast is not None:
+            self._fast = fast
         return program(*args, **kwargs)
 
     def _note_limit(self):
@@ -134,7 +180,10 @@ class CompiledModule:
         if len(self._report.graphs) == graphs_before:
             self._eager(f"no graph captured for call signature #{len(self._programs)} (nothing to compile, "
                         "or Dynamo skipped the frame): it runs eagerly")
-        self._programs[key] = program
+        fast = _fast_path(self.model, key, args, program)
+        self._programs[key] = (program, fast)
+        if fast is not None:
+            self._fast = fast
         return out
 
     def report(self) -> Report:

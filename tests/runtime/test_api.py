@@ -61,6 +61,39 @@ def test_dtype_grad_mode_and_scalar_values_are_part_of_the_signature():
     assert len(f.report().graphs) == 4
 
 
+def test_the_fast_path_skips_the_signature_only_for_the_same_signature(monkeypatch):
+    """A repeat of the last tensors-only signature is recognised by Dynamo's C++ tensor check;
+    anything that changes the signature (shape, stride, dtype, requires_grad, grad mode, train/eval,
+    autocast, inference mode) takes the Python signature and gets its own program."""
+    from minicomp import api
+    built = []
+    real = api._signature
+    monkeypatch.setattr(api, "_signature", lambda *a: built.append(1) or real(*a))
+    model = torch.nn.Sequential(torch.nn.Tanh(), torch.nn.Dropout(0.5))
+    c = compile_i(model)
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            assert c(x).eq(0).any(), "train mode: dropout"
+        assert len(built) == 1, "repeats of one signature never build its key"
+        c.eval()
+        torch.testing.assert_close(c(x), model(x))
+        variants = [x[:3], x.t().contiguous().t(), x.double(), x.requires_grad_(False).clone().requires_grad_()]
+        for v in variants:
+            torch.testing.assert_close(c(v), model(v))
+        with torch.inference_mode():
+            y = torch.randn(6, 4)
+            torch.testing.assert_close(c(y), model(y))
+        with torch.autocast("cpu"):
+            torch.testing.assert_close(c(x), model(x))
+    torch.testing.assert_close(c(x), model(x))  # grad mode on
+    graphs = len(c.report().graphs)
+    assert graphs == 9, c.report()
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), model(x))  # back to an earlier signature: no compile
+    assert len(c.report().graphs) == graphs
+
+
 def test_a_new_shape_outside_the_arguments_recompiles_and_never_goes_wrong(caplog):
     """A tensor the function reads from elsewhere changes shape: the signature is the same, a Dynamo
     guard fails and Dynamo recompiles with that dimension dynamic. minicomp traces static shapes
