@@ -240,8 +240,8 @@ def format_table(rows: list) -> str:
     if rows:
         out.append(f"copy bandwidth (dst.copy_(src), median over cases): "
                    f"{statistics.median(r['copy_gbps'] for r in rows):.1f} GB/s; "
-                   f"compile s = first call, cold caches; again s = a fresh compile of the same case (disk caches warm, "
-                   f"Dynamo/AOT tracing included); own s = minicomp's part of that (lowering, passes, codegen, load); "
+                   f"compile s = first call, cold caches; again s = a fresh compile of the same case (disk caches warm: "
+                   f"Dynamo traces again, AOTAutograd is skipped on a graph-cache hit, as Inductor skips it on its own); own s = minicomp's part of that (lowering, passes, codegen, load); "
                    f"fresh ms = minicomp with recycle_outputs=False: every output newly allocated, as eager and "
                    f"Inductor do (the timed loops drop each result, so minicomp's default reuses its memory)")
     out += [f"{r['case']}: {n}" for r in rows for n in r["notes"]]

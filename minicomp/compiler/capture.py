@@ -3,7 +3,8 @@
 With requires_grad inputs or parameters AOTAutograd splits forward and backward (its default
 partition) and both go through our pipeline, so `loss.backward()` runs compiled code too.
 `minicomp_backend` is also what `torch.compile(model, backend="minicomp")` reaches (registered
-on import and through the `torch_dynamo_backends` entry point).
+on import and through the `torch_dynamo_backends` entry point). An inference graph Dynamo captured
+before skips AOTAutograd and lowering through the graph cache (graph_cache.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from ..ir import verify
 from ..options import Options
 from ..report import GraphReport, Report
+from . import graph_cache
 from .debug import Dumper
 from .frontend import lower
 from .pipeline import run_passes
@@ -62,10 +64,13 @@ def make_context(options: Options, name: str, backend: str, report: Optional[Rep
     return ctx
 
 
-def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options, report: Report, kind: str):
-    """fx graph -> IR -> passes -> a backend's callable taking the flat list of inputs."""
+def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options, report: Report, kind: str,
+                     cache_key: Optional[str] = None, cached=None):
+    """fx graph -> IR -> passes -> a backend's callable taking the flat list of inputs.
+    `cached`: (IR graph, fx node count) from the graph cache, in place of lowering `gm`;
+    `cache_key`: where to store the lowered IR when AOTAutograd's wrapper turns out to be plain."""
     from .backends import build, resolve_backend  # backends import codegen/runtime lazily
-    if _symbolic(example_inputs):  # minicomp.compile traces static; a recompile made a dimension dynamic
+    if cached is None and _symbolic(example_inputs):  # minicomp.compile traces static; a recompile made a dimension dynamic
         msg = (f"{kind} graph with symbolic shapes (Dynamo made a dimension dynamic when a guard failed): "
                "it runs in torch")
         log.warning("minicomp: %s", msg)
@@ -76,16 +81,24 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     devices = {str(x.device.type) for x in example_inputs if isinstance(x, torch.Tensor)}
     backend = resolve_backend(options.backend, "cuda" if "cuda" in devices else "cpu")
     ctx = make_context(options, name, backend, report)
-    ctx.dump.stage("fx", gm.print_readable(print_output=False), level=3)
-    graph, externs = lower(gm, name, options.strict)
+    if cached is None:
+        ctx.dump.stage("fx", gm.print_readable(print_output=False), level=3)
+        graph, _ = lower(gm, name, options.strict)
+        fx_nodes = len(gm.graph.nodes)
+        if cache_key is not None and graph_cache.plain_wrapper(len(example_inputs)):
+            graph_cache.store(cache_key, graph, fx_nodes)
+    else:
+        graph, fx_nodes = cached
+        graph.name = name
     ctx.dump.stage("ir", str(graph))
     if options.verify:
         verify(graph)
     externs = [n.attrs["target"] for n in graph.nodes if n.op == "extern"]
     graph = run_passes(graph, ctx)
     run, detail = build(graph, ctx, backend)
-    g = GraphReport(name, kind, backend, len(gm.graph.nodes), len(graph.nodes), externs,
-                    time.perf_counter() - t0, detail)
+    if cached is not None:
+        detail = {"graph_cache": "hit", **detail}
+    g = GraphReport(name, kind, backend, fx_nodes, len(graph.nodes), externs, time.perf_counter() - t0, detail)
     report.graphs.append(g)
     ctx.dump.summary(str(g))
 
@@ -98,7 +111,10 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
 
 
 def make_backend(options: Options, report: Report):
-    """A Dynamo backend that compiles every captured graph with `options` into `report`."""
+    """A Dynamo backend that compiles every captured graph with `options` into `report`. A graph
+    found in the graph cache (graph_cache.py) skips AOTAutograd and lowering."""
+    pending = [None]  # the Dynamo graph's cache key, for the inference compiler AOTAutograd calls
+
     def fw(gm, example_inputs):
         return compile_fx_graph(gm, example_inputs, options, report, "forward")
 
@@ -106,9 +122,22 @@ def make_backend(options: Options, report: Report):
         return compile_fx_graph(gm, example_inputs, options, report, "backward")
 
     def inference(gm, example_inputs):
-        return compile_fx_graph(gm, example_inputs, options, report, "inference")
-    return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference,
-                        decompositions=_DECOMPOSITIONS)
+        return compile_fx_graph(gm, example_inputs, options, report, "inference", cache_key=pending[0])
+    aot = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference, decompositions=_DECOMPOSITIONS)
+
+    def backend(gm, example_inputs):
+        key = graph_cache.graph_key(gm, example_inputs, options.strict)
+        if key is not None:
+            cached = graph_cache.load(key, "inference")
+            if cached is not None:
+                boxed = compile_fx_graph(gm, example_inputs, options, report, "inference", cached=cached)
+                return lambda *args: boxed(list(args))
+        pending[0] = key
+        try:
+            return aot(gm, example_inputs)
+        finally:
+            pending[0] = None
+    return backend
 
 
 def minicomp_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
