@@ -85,11 +85,12 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
         ctx.dump.stage("fx", gm.print_readable(print_output=False), level=3)
         graph, _ = lower(gm, name, options.strict)
         fx_nodes = len(gm.graph.nodes)
-        if cache_key is not None and graph_cache.plain_wrapper(len(example_inputs)):
+        plain = kind == "inference" and graph_cache.plain_wrapper(len(example_inputs))
+        if cache_key is not None and plain:
             graph_cache.store(cache_key, graph, fx_nodes)
     else:
         graph, fx_nodes = cached
-        graph.name = name
+        graph.name, plain = name, True
     ctx.dump.stage("ir", str(graph))
     if options.verify:
         verify(graph)
@@ -107,13 +108,26 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
         args.clear()  # boxed convention: drop our references to the inputs early
         return out
     boxed._boxed_call = True
+    boxed.run, boxed.plain = run, plain
     return boxed
+
+
+def _direct(run):
+    """AOTAutograd's inference wrapper when it has nothing to do (see graph_cache.plain_wrapper): the
+    flat inputs in, the outputs out, grad mode off during the call. Without its generic wrapper a
+    call saves about 1.2 us."""
+    def call(*args):
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return run(*args)
+        return run(*args)
+    return call
 
 
 def make_backend(options: Options, report: Report):
     """A Dynamo backend that compiles every captured graph with `options` into `report`. A graph
     found in the graph cache (graph_cache.py) skips AOTAutograd and lowering."""
-    pending = [None]  # the Dynamo graph's cache key, for the inference compiler AOTAutograd calls
+    state = {"key": None, "compiled": None}  # the Dynamo graph being compiled: its cache key, our callable
 
     def fw(gm, example_inputs):
         return compile_fx_graph(gm, example_inputs, options, report, "forward")
@@ -122,7 +136,9 @@ def make_backend(options: Options, report: Report):
         return compile_fx_graph(gm, example_inputs, options, report, "backward")
 
     def inference(gm, example_inputs):
-        return compile_fx_graph(gm, example_inputs, options, report, "inference", cache_key=pending[0])
+        state["compiled"] = compile_fx_graph(gm, example_inputs, options, report, "inference",
+                                             cache_key=state["key"])
+        return state["compiled"]
     aot = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference, decompositions=_DECOMPOSITIONS)
 
     def backend(gm, example_inputs):
@@ -130,13 +146,17 @@ def make_backend(options: Options, report: Report):
         if key is not None:
             cached = graph_cache.load(key, "inference")
             if cached is not None:
-                boxed = compile_fx_graph(gm, example_inputs, options, report, "inference", cached=cached)
-                return lambda *args: boxed(list(args))
-        pending[0] = key
+                return _direct(compile_fx_graph(gm, example_inputs, options, report, "inference", cached=cached).run)
+        state.update(key=key, compiled=None)
         try:
-            return aot(gm, example_inputs)
+            wrapped = aot(gm, example_inputs)
+            ours = state["compiled"]
         finally:
-            pending[0] = None
+            state.update(key=None, compiled=None)
+        if (getattr(ours, "plain", False) and not torch._C._is_any_autocast_enabled()
+                and not list(gm.parameters()) and not list(gm.buffers())):
+            return _direct(ours.run)  # the same flat inputs AOTAutograd would pass
+        return wrapped
     return backend
 
 

@@ -70,7 +70,7 @@ def _input_key(x, storages: dict):
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs, strict: bool) -> str | None:
     """The cache key of a Dynamo graph with these inputs, or None when it must not be cached."""
-    if not enabled() or torch.is_autocast_enabled() or list(gm.parameters()) or list(gm.buffers()):
+    if not enabled() or torch._C._is_any_autocast_enabled() or list(gm.parameters()) or list(gm.buffers()):
         return None
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
         return None  # a training graph: forward, backward and AOTAutograd's autograd wrapper

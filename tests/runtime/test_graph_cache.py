@@ -162,3 +162,25 @@ def test_a_hit_keeps_the_source_lines_errors_name():
         assert hits(c) == [True]
         with pytest.raises(IndexError, match=r"index_select at test_graph_cache.py:\d+"):
             c(x, bad)
+
+
+def test_plain_inference_graphs_skip_aot_autograds_wrapper_and_only_those(monkeypatch):
+    """Where AOTAutograd's wrapper would do nothing, the program is called directly (grad mode off
+    during the call, as the wrapper does); a graph that mutates an input or returns an alias keeps it."""
+    direct = []
+    real = capture._direct
+    monkeypatch.setattr(capture, "_direct", lambda run: direct.append(run) or real(run))
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    c = run(f, x, w)  # grad mode on, no input requires grad: an inference graph
+    out = c(x, w)
+    assert not out.requires_grad and out.grad_fn is None and len(direct) == 1
+
+    def mutate(x):
+        x.add_(1)
+        return x * 2
+    a = torch.randn(3)
+    b = a.clone()
+    torch._dynamo.reset()
+    torch.testing.assert_close(minicomp.compile(mutate, backend="cpu")(a), mutate(b))
+    torch.testing.assert_close(a, b)
+    assert len(direct) == 1
