@@ -74,9 +74,11 @@ def _try_merge(k: Kernel, level: str, i: int):
     return out
 
 
-def collapse(k: Kernel) -> Kernel:
+def collapse(k: Kernel, keep_first: bool = False) -> Kernel:
+    """k with adjacent loops merged where every index stays affine; `keep_first` leaves the first
+    outer loop as it is (the runtime splits its range across threads)."""
     for level in ("outer", "inner"):
-        i = 0
+        i = 1 if keep_first and level == "outer" else 0
         while i < len(getattr(k, level)) - 1:
             merged = _try_merge(k, level, i)
             if merged is None:

@@ -15,6 +15,9 @@ AVX-512: cos 0.35 -> 0.25 ns/element, gelu 0.54 -> 0.42, exp 0.19 -> 0.16; a pla
 A long innermost loop with a constant trip count (a row kernel's rows) is not unrolled: LLVM would
 unroll a 1024-element row completely and keep the row's vectors across stages in stack spills
 (layer_norm: 2.9 -> 2.1 ms a thread for 8192 rows of 1024, and less machine code to compile).
+A pointwise kernel whose stores choose between parts by comparing a loop variable with constants (a
+cat, a pad) runs as one loop nest per range of that variable (pieces.py): the GPT block's backward
+cat of q/k/v gradients went from 0.168 ms to under 0.012.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import llvmlite.ir as ir
 from ..ir.index import Expr, Var
 from ..ir.kernel import Kernel, KExpr, walk
 from .collapse import collapse
+from .pieces import split
 from .llvm_ops import FLOATS, I1, I64, UNSIGNED, Ops, const, mem_type, reg_type
 
 PTR = ir.PointerType()
@@ -58,6 +62,7 @@ class KernelCodegen:
         self.accs: dict = {}
         self.loops = 0  # loops emitted so far
         self.failed = None  # alloca: a run-time check failed (kernels that gather or divide integers)
+        self.sites = check_sites(kernel)
         self.prestores, self.finish = _prestores(kernel)
 
     # -- values ------------------------------------------------------------------------------------
@@ -155,6 +160,20 @@ class KernelCodegen:
         if hints:
             latch.set_metadata("llvm.loop", self.loop_md(hints))
         b.position_at_end(done)
+
+    def piece(self, pc, start, end) -> None:
+        """Piece pc's loop nest. Split on the first outer loop, whose range [start, end) the runtime
+        hands out, the piece runs that range's overlap with its own [lo, hi), shifted to 0."""
+        k = pc.kernel
+        first = None
+        if not self.whole:
+            first = (start, end)
+            if pc.pos == 0:
+                b, lo, hi = self.b, I64(pc.lo), I64(pc.hi)
+                s = b.select(b.icmp_signed(">", start, lo), start, lo)
+                e = b.select(b.icmp_signed("<", end, hi), end, hi)
+                first = (b.sub(s, lo), b.sub(e, lo))
+        self.nest(list(k.outer), lambda: [self.store(s) for s in k.outer_stores], first_range=first)
 
     def loop_md(self, hints):
         """A loop ID (a node whose first operand is itself, as LLVM requires) carrying `hints`."""
@@ -259,7 +278,6 @@ class KernelCodegen:
         checks after the call and turns into the site's exception (IndexError, ZeroDivisionError)."""
         if self.failed is None:
             self.failed = self.entry_alloca(I32)
-            self.sites = check_sites(self.k)
             with self.b.goto_block(self.entry):
                 self.b.store(I32(0), self.failed)
         bit = self.sites.index(site) if site in self.sites else len(self.sites) - 1
@@ -311,7 +329,11 @@ class KernelCodegen:
                 self.nest(list(k.inner), lambda: [self.store(s) for s in k.inner_stores])
             for s in k.outer_stores:
                 self.store(s)
-        if outer:  # a kernel that always runs whole gets constant bounds: LLVM sees the trip count
+        pieces = split(k)
+        if pieces:  # one loop nest per piece (pieces.py): a cat evaluates only its part
+            for pc in pieces:
+                self.piece(pc, start, end)
+        elif outer:  # a kernel that always runs whole gets constant bounds: LLVM sees the trip count
             self.nest(outer, row, first_range=None if self.whole else (start, end))
         else:
             self.scopes.append({})

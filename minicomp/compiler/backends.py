@@ -155,9 +155,21 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
     return program, detail
 
 
+def _cpu_kernel_text(k) -> str:
+    """A kernel's dump, with the loop nests the CPU code generator splits it into (codegen/pieces.py)."""
+    from ..codegen.pieces import split
+    from ..ir.kernel import format_kernel
+    pieces = split(k)
+    if not pieces:
+        return format_kernel(k)
+    head = f"  runs as {len(pieces)} loop nests, one per range of {k.outer[pieces[0].pos].name}:\n"
+    return format_kernel(k) + head + "".join(
+        f"  [{p.lo}, {p.hi}):\n" + "".join("  " + ln + "\n" for ln in format_kernel(p.kernel).splitlines()[4:])
+        for p in pieces)
+
+
 def build_cpu(graph, ctx):
     from ..codegen.llvm import BUFS_SUFFIX, FAILED_SUFFIX, RUN_SUFFIX, check_sites, generate_module, outer_extent
-    from ..ir.kernel import format_kernel
     from ..runtime.cpu import JitModule, KernelLaunch, runs_whole
 
     def work(k):
@@ -168,7 +180,7 @@ def build_cpu(graph, ctx):
     def whole(k):
         return runs_whole(work(k), outer_extent(k))
     text, kernels = generate_module([n.meta["kernel"] for n in knodes], whole=whole)  # no graph name: a stable cache key
-    ctx.dump.stage("kernels", "\n".join(format_kernel(k) for k in kernels), level=3)
+    ctx.dump.stage("kernels", "\n".join(_cpu_kernel_text(k) for k in kernels), level=3)
     ctx.dump.stage("llvm", text, level=4)
     jit = JitModule(text) if knodes else None
     codegen_s = time.perf_counter() - t0
