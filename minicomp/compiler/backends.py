@@ -68,11 +68,30 @@ def _torch_fn(node, device):
     return lambda *xs: ref(list(xs), attrs, device)
 
 
-def static_views(graph, kernel_inputs) -> dict:
+def free_layout_inputs(graph) -> set:
+    """Inputs no kernel reads, directly or through views: torch ops take them in the layout they come
+    in (a transposed weight AOTAutograd saved for the backward goes to mm as it is, not copied)."""
+    users = graph.users()
+    free = set()
+    for x in graph.inputs:
+        stack, ok = [x], True
+        while stack and ok:
+            for u in users.get(stack.pop(), ()):
+                if u.op == "kernel":
+                    ok = False
+                    break
+                if u.op in OPS and OPS[u.op].category == "view":
+                    stack.append(u)
+        if ok:
+            free.add(x)
+    return free
+
+
+def static_views(graph, kernel_inputs, free=frozenset()) -> dict:
     """{view node: (root node, size, stride, offset)} for the views whose layout is known when compiling.
 
     Roots have a known contiguous layout at run time: inputs and constants (Program makes them
-    contiguous), kernel results, mm and bmm results, and torch results that kernels read (made
+    contiguous; not the `free` inputs, whose views run in torch), kernel results, mm and bmm results, and torch results that kernels read (made
     contiguous). A chain of views (reshape, permute, expand, slice) from a root is then one
     `as_strided` of the root, computed here by running the ops on meta tensors -- a gpt block has
     twenty of them between its matmuls, each a few microseconds through the dispatcher. A reshape
@@ -86,7 +105,8 @@ def static_views(graph, kernel_inputs) -> dict:
         t = meta_of(n)
         meta[n] = (n, t, t)
     for n in graph.inputs:
-        root(n)
+        if n not in free:
+            root(n)
     for n in graph.nodes:
         if n.op == "constant" or (n.op == "getitem" and n.args[0].op == "kernel"):
             root(n)
@@ -126,8 +146,9 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
         reports.append(KernelReport(k.name, ctx.name, list(k.ops), k.bytes_read, k.bytes_written, k.flops))
         for j, g in outs.items():
             buffers.append((slot[g], g.type.shape, DTYPES[g.type.dtype],
-                            None if g in outputs else g.meta["arena_offset"]))
-    views = static_views(graph, kernel_inputs)
+                            g.meta.get("arena_offset")))  # None: fresh each call (plan_memory)
+    free = free_layout_inputs(graph)
+    views = static_views(graph, kernel_inputs, free)
     needed = outputs | {a for n in graph.nodes if n not in views for a in n.args}  # views only views read: skipped
     steps = []
     for n in graph.nodes:
@@ -147,7 +168,8 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
                  and not (o.op == "getitem" and o.args[0].op == "kernel")]
     program = Program(len(graph.inputs), [graph.constants[c.attrs["name"]] for c in constants], steps, buffers,
                       [None if o is None else slot[o] for o in graph.outputs], ctx.arena_bytes, len(slot), device,
-                      may_alias, recycle=ctx.options.recycle_outputs)
+                      may_alias, recycle=ctx.options.recycle_outputs,
+                      contiguous_inputs=[i for i, x in enumerate(graph.inputs) if x not in free])
     program.keepalive = keepalive  # the kernels' machine code lives as long as the program
     ctx.report.kernels.extend(reports)
     detail = {"kernels": len(knodes), "torch_ops": len(steps) - len(knodes), "arena_bytes": ctx.arena_bytes,

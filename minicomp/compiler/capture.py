@@ -91,6 +91,8 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     else:
         graph, fx_nodes = cached
         graph.name, plain = name, True
+        ctx.dump.stage("fx", "# graph cache hit: AOTAutograd and lowering skipped; Dynamo's graph:\n"
+                       + gm.print_readable(print_output=False), level=3)
     ctx.dump.stage("ir", str(graph))
     if options.verify:
         verify(graph)

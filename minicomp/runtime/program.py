@@ -88,8 +88,10 @@ class Program:
     output each call). `keepalive` holds what the steps' code lives in (a JIT engine, a module)."""
 
     def __init__(self, n_inputs: int, constants: list, steps: list, buffers: list, outputs: list,
-                 arena_bytes: int, n_slots: int, device="cpu", may_alias=(), recycle=True):
+                 arena_bytes: int, n_slots: int, device="cpu", may_alias=(), recycle=True, contiguous_inputs=None):
         self.n_inputs, self.steps, self.outputs = n_inputs, steps, outputs
+        # inputs kernels read are made contiguous; the others go to torch ops as they come
+        self.contiguous_inputs = tuple(range(n_inputs) if contiguous_inputs is None else contiguous_inputs)
         self.may_alias = tuple(may_alias)  # output positions a torch op made: they may view the arena
         self.constants, self.buffers, self.arena_bytes, self.device = constants, buffers, arena_bytes, device
         self.n_slots, self.recycle = n_slots, recycle
@@ -132,7 +134,7 @@ class Program:
                 return f"C{slot}"
             return f"s{slot}"
         lines = [f"def run({', '.join(f's{i}' for i in range(self.n_inputs))}):"]
-        lines += [f"    if not s{i}.is_contiguous(): s{i} = s{i}.contiguous()" for i in range(self.n_inputs)]
+        lines += [f"    if not s{i}.is_contiguous(): s{i} = s{i}.contiguous()" for i in self.contiguous_inputs]
         for slot, make in self.fresh:
             ns[f"M{slot}"] = make
             lines.append(f"    s{slot} = M{slot}()")
@@ -157,7 +159,10 @@ class Program:
     def _loop(self, *inputs):
         env = list(self.template)
         for i, x in enumerate(inputs):
-            env[i] = x if x.is_contiguous() else x.contiguous()
+            env[i] = x
+        for i in self.contiguous_inputs:
+            if not env[i].is_contiguous():
+                env[i] = env[i].contiguous()
         for slot, make in self.fresh:
             env[slot] = make()
         for step in self.steps:

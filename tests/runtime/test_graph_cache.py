@@ -184,3 +184,14 @@ def test_plain_inference_graphs_skip_aot_autograds_wrapper_and_only_those(monkey
     torch.testing.assert_close(minicomp.compile(mutate, backend="cpu")(a), mutate(b))
     torch.testing.assert_close(a, b)
     assert len(direct) == 1
+
+
+def test_a_hit_still_dumps_every_stage(tmp_path):
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    with torch.no_grad():
+        run(f, x, w)
+        run(f, x, w, debug=str(tmp_path / "dump"))
+    graph, = os.listdir(tmp_path / "dump")
+    files = sorted(os.listdir(tmp_path / "dump" / graph))
+    assert files[0] == "00_fx.txt" and files[1] == "01_ir.txt"
+    assert "graph cache hit" in (tmp_path / "dump" / graph / files[0]).read_text()

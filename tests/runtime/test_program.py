@@ -2,6 +2,8 @@
 the memory of one that anything still references (a tensor, a view, a storage, an autograd save)."""
 from __future__ import annotations
 
+import copy
+
 import torch
 
 import minicomp
@@ -109,20 +111,21 @@ def _program(text):
 
 
 def test_view_chains_of_known_layouts_are_one_as_strided_each():
-    """Views of an mm result, of a stored kernel result, of an expanded input and of an input at a
-    storage offset: each chain is one AsStrided step (views only other views read are skipped), and
-    an input may carry any stride on a size-1 dim (it is still contiguous)."""
+    """Views of an mm result, of a stored kernel result and of an input at a storage offset: each
+    chain is one AsStrided step (views only other views read are skipped). An input no kernel reads
+    (w, b, y: only matmuls take them) is not made contiguous and its views run in torch, on whatever
+    layout it comes in: b with any stride on its size-1 dim, and transposed."""
     from minicomp.ir import interpret, parse
     from minicomp.runtime.program import AsStrided
     program = _program(VIEWS)
     views = [(s.size, s.stride) for s in program.steps if isinstance(s, AsStrided)]
     assert sorted(views) == sorted([((4, 6), (1, 4)),          # %1: mm result, transposed
                                     ((3, 8, 2), (16, 1, 8)),   # %4: exp's buffer, reshaped and transposed
-                                    ((4, 6), (1, 0)),          # %7: b expanded and transposed (expand itself skipped)
                                     ((8, 6), (1, 8))])         # %10: x transposed
+    assert program.contiguous_inputs == (0,), "only x, which the exp kernel reads, must be contiguous"
     x = torch.randn(100)[3:51].view(6, 8)  # contiguous, at storage offset 3
     w, y = torch.randn(8, 4), torch.randn(3, 2, 5)
-    for b in (torch.randn(1, 4), torch.randn(4).as_strided((1, 4), (77, 1))):
+    for b in (torch.randn(1, 4), torch.randn(4).as_strided((1, 4), (77, 1)), torch.randn(4, 1).t()):
         for got, want in zip(program(x, w, b, y), interpret(parse(VIEWS), x, w, b, y), strict=True):
             torch.testing.assert_close(got, want)
 
@@ -167,16 +170,41 @@ def _program_of(compiled, *inputs):
     return program
 
 
-def test_an_output_a_torch_op_makes_as_a_view_of_the_arena_is_copied_out():
-    """as_strided runs in torch and returns a view of a kernel's intermediate buffer, which lives in
-    the arena the next call overwrites: the program hands out a copy, so earlier results stay put."""
+def test_an_output_a_torch_op_makes_as_a_view_of_a_kernel_result_is_never_overwritten():
+    """as_strided runs in torch and returns a view of a kernel's buffer: that buffer is not an
+    intermediate in the arena the next call overwrites (plan_memory gives it fresh memory, so nothing
+    is copied out), and earlier results stay put."""
     def f(x):
         return torch.as_strided(torch.exp(x) + 1, (2, 2), (1, 4))
     c = minicomp.compile(f, backend="cpu")
     x1, x2 = torch.randn(4, 4), torch.randn(4, 4)
     program = _program_of(c, x1)
-    assert program.may_alias == (0,) and program.arena_bytes > 0
+    assert program.may_alias == (0,) and program.arena_bytes == 0
     first = c(x1)
     second = c(x2)
     torch.testing.assert_close(first, f(x1))
     torch.testing.assert_close(second, f(x2))
+
+
+def test_a_training_step_copies_no_tensor():
+    """The backward gets the transposed weights AOTAutograd saved (views) as they are, for mm to
+    take without a copy, and the activations the forward saves (views of kernel results) are never
+    in the arena, so none is copied out. (The profiler sees inside compiled code; a dispatch mode
+    would make Dynamo run the model eagerly.)"""
+    from torch.profiler import ProfilerActivity, profile
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    eager = copy.deepcopy(model)
+    c = minicomp.compile(model, backend="cpu")
+    x, w = torch.randn(4, 6, 16, requires_grad=True), torch.randn(4, 6, 8)
+    (c(x) * w).sum().backward()  # compiles forward and backward; a contiguous incoming gradient
+    model.zero_grad(set_to_none=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        (c(x) * w).sum().backward()
+    ops = [e.name for e in prof.events()]
+    assert "CompiledFunctionBackward" in ops and not any("gelu" in op for op in ops), "compiled, not eager"
+    copies = [op for op in ops if op in ("aten::clone", "aten::copy_", "aten::contiguous")]
+    assert copies == [], ops
+    (eager(x) * w).sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)

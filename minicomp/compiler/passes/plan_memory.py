@@ -3,7 +3,9 @@
 Assumes: a fused graph (kernel nodes whose results are picked by getitem). Guarantees: every kernel
 result that is not a graph output gets node.meta['arena_offset'] (64-byte aligned) such that no two
 values live at the same time overlap; ctx.arena_bytes is the arena's size = peak intermediate bytes.
-Graph outputs are fresh tensors each call (the caller keeps them).
+Graph outputs, and the kernel results a graph output views (a reshaped activation saved for the
+backward), are fresh tensors each call: the caller keeps them, so they never live in the arena (an
+output viewing the arena would have to be copied out every call).
 """
 from __future__ import annotations
 
@@ -37,12 +39,10 @@ def run(graph: Graph, ctx) -> Graph:
         if n.op in ALIASING and n in last_use:
             for a in n.args:
                 last_use[a] = max(last_use.get(a, 0), last_use[n])
-    for o in outputs:  # a graph output that views an intermediate: that memory is handed out
-        for a in _alias_roots(o):
-            last_use[a] = len(graph.nodes)
+    handed_out = {a for o in outputs for a in _alias_roots(o)}  # outputs and what they view
     results: dict = {}
     for n in graph.nodes:
-        if n.op == "getitem" and n.args[0].op == "kernel" and n not in outputs:
+        if n.op == "getitem" and n.args[0].op == "kernel" and n not in handed_out:
             results.setdefault(n.args[0], []).append(n)
     free: list[tuple[int, int]] = []       # (offset, size) blocks free for reuse
     live: list[tuple[int, int, int]] = []  # (last use, offset, size)
