@@ -250,8 +250,9 @@ def format_table(rows: list) -> str:
     if rows:
         out.append(f"copy bandwidth (dst.copy_(src), median over cases): "
                    f"{statistics.median(r['copy_gbps'] for r in rows):.1f} GB/s; "
-                   f"compile s = first call, cold caches; again s = a fresh compile of the same case, median of 3 (disk caches warm: "
-                   f"Dynamo traces again, AOTAutograd is skipped on a graph-cache hit, as Inductor skips it on its own); own s = minicomp's part of that (lowering, passes, codegen, load); "
+                   f"compile s = first call, cold caches; again s = a fresh compile of the same case in this process, median of 3 "
+                   f"(Dynamo traces again; minicomp's graph cache then skips AOTAutograd, lowering, passes and code generation, "
+                   f"as Inductor's caches skip its own); own s = minicomp's part of that (building the program, loading machine code); "
                    f"fresh ms = minicomp with recycle_outputs=False: every output newly allocated, as eager and "
                    f"Inductor do (the timed loops drop each result, so minicomp's default reuses its memory)")
     out += [f"{r['case']}: {n}" for r in rows for n in r["notes"]]

@@ -201,7 +201,10 @@ def build_cpu(graph, ctx):
     t0 = time.perf_counter()
     def whole(k):
         return runs_whole(work(k), outer_extent(k))
-    text, kernels = generate_module([n.meta["kernel"] for n in knodes], whole=whole)  # no graph name: a stable cache key
+    if "llvm" not in ctx.artifacts:  # a Built graph (capture.py) carries its module from the first compile
+        # no graph name in the module: a stable cache key
+        ctx.artifacts["llvm"] = generate_module([n.meta["kernel"] for n in knodes], whole=whole)
+    text, kernels = ctx.artifacts["llvm"]
     ctx.dump.stage("kernels", "\n".join(_cpu_kernel_text(k) for k in kernels), level=3)
     ctx.dump.stage("llvm", text, level=4)
     jit = JitModule(text) if knodes else None

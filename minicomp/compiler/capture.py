@@ -4,15 +4,17 @@ With requires_grad inputs or parameters AOTAutograd splits forward and backward 
 partition) and both go through our pipeline, so `loss.backward()` runs compiled code too.
 `minicomp_backend` is also what `torch.compile(model, backend="minicomp")` reaches (registered
 on import and through the `torch_dynamo_backends` entry point). An inference graph Dynamo captured
-before skips AOTAutograd and lowering through the graph cache (graph_cache.py).
+before skips AOTAutograd and lowering through the graph cache (graph_cache.py); one this process
+has built before also skips the passes and code generation (`Built`, an in-memory memo).
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 from torch._decomp import core_aten_decompositions
@@ -54,6 +56,39 @@ class Context:
     shared_only: set = field(default_factory=set)
     remat_bytes_saved: int = 0
     arena_bytes: int = 0
+    artifacts: dict = field(default_factory=dict)  # the backend's generated code, kept with a Built graph
+
+
+class Built(NamedTuple):
+    """A graph-cache graph after the passes, kept in memory: a later compile of the same Dynamo graph
+    in this process (`torch._dynamo.reset()`, a second instance of a model) builds its program from
+    it without lowering, passes or code generation. The graph is shared, never mutated; each compile
+    still gets its own Program (arena, recycled outputs) and its own loaded machine code."""
+    graph: Any
+    fx_nodes: int
+    externs: list
+    arena_bytes: int
+    remat_bytes_saved: int
+    artifacts: dict
+
+
+_built: "collections.OrderedDict[tuple, Built]" = collections.OrderedDict()
+BUILT_MEMO = 64  # graphs kept, least recently used dropped
+
+
+def _memo_key(cache_key, options: Options):
+    """None when this compile dumps its stages (a dump shows every pass, so nothing is skipped)."""
+    if cache_key is None or options.debug_level or options.dump_dir:
+        return None
+    return cache_key, options
+
+
+def built(cache_key, options: Options) -> Optional[Built]:
+    key = _memo_key(cache_key, options)
+    entry = _built.get(key) if key is not None else None
+    if entry is not None:
+        _built.move_to_end(key)
+    return entry
 
 
 def make_context(options: Options, name: str, backend: str, report: Optional[Report] = None) -> Context:
@@ -67,8 +102,10 @@ def make_context(options: Options, name: str, backend: str, report: Optional[Rep
 def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options, report: Report, kind: str,
                      cache_key: Optional[str] = None, cached=None):
     """fx graph -> IR -> passes -> a backend's callable taking the flat list of inputs.
-    `cached`: (IR graph, fx node count) from the graph cache, in place of lowering `gm`;
-    `cache_key`: where to store the lowered IR when AOTAutograd's wrapper turns out to be plain."""
+    `cached`: (IR graph, fx node count) from the graph cache, in place of lowering `gm`, or a Built
+    graph, in place of lowering and the passes;
+    `cache_key`: where to store the lowered IR (and the Built graph) when AOTAutograd's wrapper
+    turns out to be plain."""
     from .backends import build, resolve_backend  # backends import codegen/runtime lazily
     if cached is None and _symbolic(example_inputs):  # minicomp.compile traces static; a recompile made a dimension dynamic
         msg = (f"{kind} graph with symbolic shapes (Dynamo made a dimension dynamic when a guard failed): "
@@ -81,26 +118,35 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     devices = {str(x.device.type) for x in example_inputs if isinstance(x, torch.Tensor)}
     backend = resolve_backend(options.backend, "cuda" if "cuda" in devices else "cpu")
     ctx = make_context(options, name, backend, report)
-    if cached is None:
-        ctx.dump.stage("fx", gm.print_readable(print_output=False), level=3)
-        graph, _ = lower(gm, name, options.strict)
-        fx_nodes = len(gm.graph.nodes)
-        plain = kind == "inference" and graph_cache.plain_wrapper(len(example_inputs))
-        if cache_key is not None and plain:
-            graph_cache.store(cache_key, graph, fx_nodes)
+    if isinstance(cached, Built):
+        graph, fx_nodes, externs, ctx.arena_bytes, ctx.remat_bytes_saved, ctx.artifacts = cached
+        plain, hit = True, "memo"
     else:
-        graph, fx_nodes = cached
-        graph.name, plain = name, True
-        ctx.dump.stage("fx", "# graph cache hit: AOTAutograd and lowering skipped; Dynamo's graph:\n"
-                       + gm.print_readable(print_output=False), level=3)
-    ctx.dump.stage("ir", str(graph))
-    if options.verify:
-        verify(graph)
-    externs = [n.attrs["target"] for n in graph.nodes if n.op == "extern"]
-    graph = run_passes(graph, ctx)
+        if cached is None:
+            ctx.dump.stage("fx", gm.print_readable(print_output=False), level=3)
+            graph, _ = lower(gm, name, options.strict)
+            fx_nodes = len(gm.graph.nodes)
+            plain, hit = kind == "inference" and graph_cache.plain_wrapper(len(example_inputs)), None
+            if cache_key is not None and plain:
+                graph_cache.store(cache_key, graph, fx_nodes)
+        else:
+            graph, fx_nodes = cached
+            graph.name, plain, hit = name, True, "hit"
+            ctx.dump.stage("fx", "# graph cache hit: AOTAutograd and lowering skipped; Dynamo's graph:\n"
+                           + gm.print_readable(print_output=False), level=3)
+        ctx.dump.stage("ir", str(graph))
+        if options.verify:
+            verify(graph)
+        externs = [n.attrs["target"] for n in graph.nodes if n.op == "extern"]
+        graph = run_passes(graph, ctx)
     run, detail = build(graph, ctx, backend)
-    if cached is not None:
-        detail = {"graph_cache": "hit", **detail}
+    memo = _memo_key(cache_key, options) if plain and hit != "memo" and not graph.constants else None
+    if memo is not None:
+        _built[memo] = Built(graph, fx_nodes, externs, ctx.arena_bytes, ctx.remat_bytes_saved, ctx.artifacts)
+        while len(_built) > BUILT_MEMO:
+            _built.popitem(last=False)
+    if hit is not None:
+        detail = {"graph_cache": hit, **detail}
     g = GraphReport(name, kind, backend, fx_nodes, len(graph.nodes), externs, time.perf_counter() - t0, detail)
     report.graphs.append(g)
     ctx.dump.summary(str(g))
@@ -146,9 +192,10 @@ def make_backend(options: Options, report: Report):
     def backend(gm, example_inputs):
         key = graph_cache.graph_key(gm, example_inputs, options.strict)
         if key is not None:
-            cached = graph_cache.load(key, "inference")
+            cached = built(key, options) or graph_cache.load(key, "inference")
             if cached is not None:
-                return _direct(compile_fx_graph(gm, example_inputs, options, report, "inference", cached=cached).run)
+                return _direct(compile_fx_graph(gm, example_inputs, options, report, "inference",
+                                                cache_key=key, cached=cached).run)
         state.update(key=key, compiled=None)
         try:
             wrapped = aot(gm, example_inputs)

@@ -15,7 +15,9 @@ A later compile of the same graph (a new process, a second instance of a model, 
 block, 0.11 s of AOTAutograd tracing saved out of 0.27 s. A graph we cannot vouch for (training
 graphs, get_attr constants, call_module nodes, functions outside torch, tensor subclasses, autocast)
 has no key and compiles the usual way; so does an entry that fails to parse.
-`MINICOMP_GRAPH_CACHE=0` turns the cache off.
+A graph this process built before is taken one step further along: capture.py keeps it after the
+passes, with its generated code (`Built`), so a recompile only loads machine code and lays out a
+new Program. `MINICOMP_GRAPH_CACHE=0` turns both off.
 """
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from minicomp.runtime import cache
 def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MINICOMP_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("MINICOMP_GRAPH_CACHE", raising=False)
+    capture._built.clear()
     torch._dynamo.reset()
 
 
@@ -28,12 +29,21 @@ def entries() -> list:
 
 
 def hits(c) -> list:
+    """Per graph: found in the disk cache."""
     return [g.detail.get("graph_cache") == "hit" for g in c.report().graphs]
 
 
-def run(fn, *args, backend="cpu", **kw):
+def sources(c) -> list:
+    """Per graph: None (compiled), "hit" (IR from the disk cache) or "memo" (a Built graph)."""
+    return [g.detail.get("graph_cache") for g in c.report().graphs]
+
+
+def run(fn, *args, backend="cpu", memo=False, **kw):
     """A fresh compile of fn (Dynamo's caches reset): its result checked against eager, and the
-    compiled callable returned."""
+    compiled callable returned. Without `memo` the in-memory Built graphs are dropped first, as in a
+    new process, so the disk cache is what a second compile finds."""
+    if not memo:
+        capture._built.clear()
     torch._dynamo.reset()
     c = minicomp.compile(fn, backend=backend, **kw)
     torch.testing.assert_close(c(*args), fn(*args))
@@ -71,7 +81,7 @@ def test_a_second_instance_of_a_model_hits_and_uses_its_own_weights():
         ca, cb = minicomp.compile(a, backend="cpu"), minicomp.compile(b, backend="cpu")
         torch.testing.assert_close(ca(x), a(x))
         torch.testing.assert_close(cb(x), b(x))
-        assert hits(ca) == [False] and hits(cb) == [True]
+        assert sources(ca) == [None] and sources(cb) == ["memo"]
         assert not torch.allclose(a(x), b(x))
 
 
@@ -195,3 +205,39 @@ def test_a_hit_still_dumps_every_stage(tmp_path):
     files = sorted(os.listdir(tmp_path / "dump" / graph))
     assert files[0] == "00_fx.txt" and files[1] == "01_ir.txt"
     assert "graph cache hit" in (tmp_path / "dump" / graph / files[0]).read_text()
+
+
+def test_a_graph_built_before_in_this_process_skips_the_passes_and_code_generation(monkeypatch):
+    from minicomp.codegen import llvm
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    with torch.no_grad():
+        first = run(f, x, w)
+
+        def refuse(*a, **k):
+            raise AssertionError("a Built graph must not reach lowering, the passes or code generation")
+        monkeypatch.setattr(dynamo_common, "aot_module_simplified", refuse)
+        for mod, name in [(capture, "lower"), (capture, "run_passes"), (llvm, "generate_module")]:
+            monkeypatch.setattr(mod, name, refuse)
+        again = run(f, x, w, memo=True)
+        assert sources(again) == ["memo"] and "graph_cache=memo" in str(again.report())
+        assert [k.ops for k in again.report().kernels] == [k.ops for k in first.report().kernels]
+        assert again.report().graphs[0].detail["arena_bytes"] == first.report().graphs[0].detail["arena_bytes"]
+        # two programs from one Built graph: each its own memory, neither overwrites the other's results
+        x2 = torch.randn(8, 16)
+        a, b = first(x, w), again(x2, w)
+        a2, b2 = first(x2, w), again(x, w)
+        torch.testing.assert_close(a, f(x, w))
+        torch.testing.assert_close(b, f(x2, w))
+        torch.testing.assert_close(a2, b)
+        torch.testing.assert_close(b2, a)
+
+
+def test_different_options_or_a_dumping_compile_do_not_take_a_built_graph(tmp_path):
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    with torch.no_grad():
+        run(f, x, w)
+        assert sources(run(f, x, w, memo=True, remat=False)) == ["hit"]
+        assert sources(run(f, x, w, memo=True, debug=str(tmp_path / "dump"))) == ["hit"]
+        assert sources(run(f, x, w, memo=True)) == ["memo"]
+    graph, = os.listdir(tmp_path / "dump")
+    assert any(name.endswith("ir_after_fuse.txt") for name in os.listdir(tmp_path / "dump" / graph))
