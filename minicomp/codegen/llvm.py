@@ -32,8 +32,10 @@ from .llvm_ops import FLOATS, I1, I64, UNSIGNED, Ops, const, mem_type, reg_type
 PTR = ir.PointerType()
 I32 = ir.IntType(32)
 # a kernel the runtime always runs whole also gets <name>_run(), which takes no arguments (a ctypes call
-# without arguments costs a fifth of one with three) and reads its buffer pointers from <name>_bufs
-RUN_SUFFIX, BUFS_SUFFIX = "_run", "_bufs"
+# without arguments costs a fifth of one with three) and reads its buffer pointers from <name>_bufs;
+# one it splits across threads gets <name>_par(i32 threads), which runs a chunk of the range on each
+# thread of an OpenMP team (GOMP_parallel: torch's own OpenMP runtime, see runtime/cpu.py)
+RUN_SUFFIX, PAR_SUFFIX, BUFS_SUFFIX = "_run", "_par", "_bufs"
 FAILED_SUFFIX = "_failed"  # a kernel that checks sets bit j of the global <name>_failed: check_sites(k)[j] failed
 
 
@@ -55,8 +57,8 @@ NO_UNROLL_MIN_TRIPS = 128  # constant-trip loops this long are not unrolled (see
 
 
 class KernelCodegen:
-    def __init__(self, module: ir.Module, kernel: Kernel, whole: bool = False):
-        self.module, self.k, self.whole = module, kernel, whole
+    def __init__(self, module: ir.Module, kernel: Kernel, whole: bool = False, openmp: bool = False):
+        self.module, self.k, self.whole, self.openmp = module, kernel, whole, openmp
         self.vars: dict = {}
         self.scopes: list[dict] = []
         self.accs: dict = {}
@@ -355,13 +357,40 @@ class KernelCodegen:
         ptrs = [wb.load(wb.gep(bufs, [I64(i)], source_etype=PTR), typ=PTR) for i in range(nb)]
         wb.call(fn, ptrs + [wrapper.args[1], wrapper.args[2]])
         wb.ret_void()
-        if self.whole:  # <name>_run(): no arguments, the buffers in the global <name>_bufs, the whole range
+        if self.whole or self.openmp:  # the buffers in the global <name>_bufs
             table = ir.GlobalVariable(self.module, ir.ArrayType(PTR, max(nb, 1)), k.name + BUFS_SUFFIX)
             table.initializer = ir.Constant(table.value_type, None)
+        if self.whole:  # <name>_run(): no arguments, the whole range
             run = ir.Function(self.module, ir.FunctionType(ir.VoidType(), []), k.name + RUN_SUFFIX)
             rb = ir.IRBuilder(run.append_basic_block("entry"))
             rb.call(wrapper, [table, I64(0), I64(outer_extent(k))])
             rb.ret_void()
+        elif self.openmp:
+            self.parallel(wrapper, table)
+
+    def parallel(self, wrapper, table) -> None:
+        """<name>_par(i32 threads): GOMP_parallel runs <name>_omp on each thread of a team (the caller
+        included), and each runs its share [ext*t/n, ext*(t+1)/n) of the outer range."""
+        m, k = self.module, self.k
+
+        def extern(name, ty):
+            return m.globals.get(name) or ir.Function(m, ty, name)
+        thread_num = extern("omp_get_thread_num", ir.FunctionType(I32, []))
+        num_threads = extern("omp_get_num_threads", ir.FunctionType(I32, []))
+        gomp = extern("GOMP_parallel", ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]))
+        task = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR]), k.name + "_omp")
+        task.linkage = "internal"
+        b = ir.IRBuilder(task.append_basic_block("entry"))
+        t, n = b.sext(b.call(thread_num, []), I64), b.sext(b.call(num_threads, []), I64)
+        ext = I64(outer_extent(k))
+        lo = b.sdiv(b.mul(ext, t), n)
+        hi = b.sdiv(b.mul(ext, b.add(t, I64(1))), n)
+        b.call(wrapper, [table, lo, hi])
+        b.ret_void()
+        par = ir.Function(m, ir.FunctionType(ir.VoidType(), [I32]), k.name + PAR_SUFFIX)
+        b = ir.IRBuilder(par.append_basic_block("entry"))
+        b.call(gomp, [task, ir.Constant(PTR, None), par.args[0], I32(0)])
+        b.ret_void()
 
 
 def _prestores(k: Kernel):
@@ -393,13 +422,16 @@ def outer_extent(k: Kernel) -> int:
     return k.outer[0].size if k.outer else 1
 
 
-def generate_module(kernels, name: str = "minicomp", whole=lambda k: False) -> tuple[str, list[Kernel]]:
+def generate_module(kernels, name: str = "minicomp", whole=lambda k: False,
+                    openmp: bool = False) -> tuple[str, list[Kernel]]:
     """LLVM IR text for all kernels of a graph; returns (text, the collapsed kernels). `whole(k)` says
-    whether the runtime always calls collapsed kernel k over its whole outer range (never split)."""
+    whether the runtime always calls collapsed kernel k over its whole outer range (never split);
+    `openmp`: the others split their range on an OpenMP team (<name>_par)."""
     module = ir.Module(name)
     out = []
     for k in kernels:
         k = collapse(k)
-        KernelCodegen(module, k, whole(k)).generate()
+        w = whole(k)
+        KernelCodegen(module, k, w, openmp and not w).generate()
         out.append(k)
     return str(module), out

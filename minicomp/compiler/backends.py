@@ -191,30 +191,34 @@ def _cpu_kernel_text(k) -> str:
 
 
 def build_cpu(graph, ctx):
-    from ..codegen.llvm import BUFS_SUFFIX, FAILED_SUFFIX, RUN_SUFFIX, check_sites, generate_module, outer_extent
-    from ..runtime.cpu import JitModule, KernelLaunch, runs_whole
+    from ..codegen.llvm import (BUFS_SUFFIX, FAILED_SUFFIX, PAR_SUFFIX, RUN_SUFFIX, check_sites, generate_module,
+                                outer_extent)
+    from ..runtime import cpu
+    from ..runtime.cpu import JitModule, KernelLaunch
 
-    def work(k):
-        return math.prod(v.size for v in k.outer + k.inner)
+    def mode(k):  # of a collapsed kernel
+        return cpu.launch_mode(math.prod(v.size for v in k.outer + k.inner), outer_extent(k))
 
     knodes = [n for n in graph.nodes if n.op == "kernel"]
     t0 = time.perf_counter()
-    def whole(k):
-        return runs_whole(work(k), outer_extent(k))
-    if "llvm" not in ctx.artifacts:  # a Built graph (capture.py) carries its module from the first compile
+    key = ("llvm", cpu.threads(), cpu.openmp(), cpu.PARALLEL_MIN_WORK)  # what launch modes depend on
+    if key not in ctx.artifacts:  # a Built graph (capture.py) carries its module from the first compile
         # no graph name in the module: a stable cache key
-        ctx.artifacts["llvm"] = generate_module([n.meta["kernel"] for n in knodes], whole=whole)
-    text, kernels = ctx.artifacts["llvm"]
+        ctx.artifacts[key] = generate_module([n.meta["kernel"] for n in knodes],
+                                             whole=lambda k: mode(k) == "whole", openmp=cpu.openmp())
+    text, kernels = ctx.artifacts[key]
     ctx.dump.stage("kernels", "\n".join(_cpu_kernel_text(k) for k in kernels), level=3)
     ctx.dump.stage("llvm", text, level=4)
     jit = JitModule(text) if knodes else None
     codegen_s = time.perf_counter() - t0
 
     def launch(k, slots):
+        m = mode(k)
+        entry = jit.address(k.name + (RUN_SUFFIX if m == "whole" else PAR_SUFFIX)) if m != "chunks" else None
+        bufs = jit.global_address(k.name + BUFS_SUFFIX) if m != "chunks" else None
         sites = tuple(check_sites(k))
         failed = jit.global_address(k.name + FAILED_SUFFIX) if sites else None
-        run = (jit.address(k.name + RUN_SUFFIX), jit.global_address(k.name + BUFS_SUFFIX)) if whole(k) else None
-        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), work(k), k.name, failed, sites, run)
+        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), k.name, m, entry, bufs, failed, sites)
     program, detail = assemble(graph, ctx, kernels, launch, jit)
     detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=round(codegen_s * 1e3, 1))
     return program, detail

@@ -1,8 +1,15 @@
 """CPU runtime: JIT LLVM IR with llvmlite (cached on disk as object code) and run programs.
 
 Kernel launches are prepared at compile time (a function pointer, the env slots of its buffers, the
-outer extent to split across threads) and run as steps of a runtime/program.py Program. Kernels split their outer range across a persistent thread pool: ctypes releases the GIL, so the
-chunks really run in parallel.
+outer extent to split across threads) and run as steps of a runtime/program.py Program.
+
+A kernel big enough to split (PARALLEL_MIN_WORK) runs its outer range in chunks on the threads of
+torch's own OpenMP runtime: the kernel's <name>_par calls GOMP_parallel, as Inductor's C++ kernels
+and ATen's ops do. A second pool of threads would fight OpenMP's for the cores -- after a matmul its
+threads spin for a while before they sleep -- and find them asleep when it hands over work; on the
+team torch's matmuls just used, a split costs a few microseconds. Where torch runs no OpenMP runtime
+we can find (or MINICOMP_OPENMP=0), the chunks go to a thread pool of our own (ctypes releases the
+GIL, so they really run in parallel). Both use torch.get_num_threads() threads, read at compile time.
 """
 from __future__ import annotations
 
@@ -19,9 +26,11 @@ from . import cache
 
 _KERNEL_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 _RUN_T = ctypes.CFUNCTYPE(None)
+_PAR_T = ctypes.CFUNCTYPE(None, ctypes.c_int32)
+_OPENMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
 _lock = threading.Lock()
 _state: dict = {}
-PARALLEL_MIN_WORK = 1 << 20  # elements below which threading costs more than it gains (measured: a GPT block)
+PARALLEL_MIN_WORK = 1 << 15  # elements below which a split costs more than it gains: ATen's grain size (a GPT block: 0.91 -> 0.74x eager)
 VERSION = "minicomp-cpu-2"
 
 
@@ -42,13 +51,52 @@ def _target_machine():
         return _state["tm"]
 
 
-def _pool() -> ThreadPoolExecutor | None:
-    n = os.cpu_count() or 1
-    if n < 2:
-        return None
+def threads() -> int:
+    """Threads a split kernel runs on: torch's setting (torch.set_num_threads), as its own ops do."""
+    import torch
+    return max(1, torch.get_num_threads())
+
+
+def _loaded_libraries() -> list:
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split(None, 5)[5].strip() for ln in f if len(ln.split(None, 5)) == 6}
+    except OSError:  # not Linux: the libraries torch ships
+        import glob
+
+        import torch
+        paths = set(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "*")))
+    return sorted(p for p in paths if "omp" in os.path.basename(p))
+
+
+def openmp() -> bool:
+    """Whether split kernels run on torch's OpenMP threads: the OpenMP runtime torch loaded is found
+    (only one already loaded: a second runtime would bring a second set of threads) and its entry
+    points are registered with LLVM's symbol resolution."""
+    with _lock:
+        if "openmp" not in _state:
+            _state["openmp"] = os.environ.get("MINICOMP_OPENMP", "1") != "0" and _find_openmp()
+        return _state["openmp"]
+
+
+def _find_openmp() -> bool:
+    for path in _loaded_libraries():
+        try:
+            lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)
+            addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _OPENMP_SYMBOLS]
+        except (OSError, AttributeError):
+            continue
+        for name, address in zip(_OPENMP_SYMBOLS, addresses):
+            llvm.add_symbol(name, address)
+        return True
+    return False
+
+
+def _pool() -> ThreadPoolExecutor:
     with _lock:
         if "pool" not in _state:
-            _state["pool"] = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="minicomp")
+            _state["pool"] = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1),
+                                                thread_name_prefix="minicomp")
         return _state["pool"]
 
 
@@ -104,18 +152,22 @@ class JitModule:
         return addr
 
 
-def runs_whole(work: int, extent: int) -> bool:
-    """Whether a kernel runs as one call over its whole outer range rather than split across threads
-    (codegen then gives LLVM the constant trip count)."""
-    return (os.cpu_count() or 1) < 2 or work < PARALLEL_MIN_WORK or extent < 2
+def launch_mode(work: int, extent: int) -> str:
+    """How a kernel runs: "whole" (one call over its whole outer range; codegen then gives LLVM the
+    constant trip count), "openmp" (chunks on torch's OpenMP team) or "chunks" (our thread pool)."""
+    if threads() < 2 or work < PARALLEL_MIN_WORK or extent < 2:
+        return "whole"
+    return "openmp" if openmp() else "chunks"
 
 
 class KernelLaunch:
-    """One kernel: fills its pointer array from env slots and runs the outer range in chunks."""
+    """One kernel: fills its pointer array from env slots and runs it (whole, or split across threads)."""
 
-    def __init__(self, fn_addr: int, slots: list, extent: int, work: int, name: str,
-                 failed_addr: int | None = None, sites: tuple = (), whole: tuple | None = None):
-        """`whole`: (address of <name>_run, address of <name>_bufs) for a kernel that never splits."""
+    def __init__(self, fn_addr: int, slots: list, extent: int, name: str, mode: str = "whole",
+                 entry: int | None = None, bufs: int | None = None, failed_addr: int | None = None,
+                 sites: tuple = ()):
+        """`entry`: the address of <name>_run ("whole") or <name>_par ("openmp"); `bufs`: of <name>_bufs,
+        the pointer array those read (None: the kernel takes it as an argument, "chunks")."""
         self.fn = _KERNEL_T(fn_addr)
         # a kernel with run-time checks (a gather's index, an integer divisor) raises after a call in
         # which one failed: it kept going safely (index clamped, divisor 1) and set bit j of the flags
@@ -123,20 +175,21 @@ class KernelLaunch:
         self.failed = ctypes.c_int32.from_address(failed_addr) if failed_addr else None
         self.sites = sites
         self.slots = slots
-        if whole is not None:
-            self.run = _RUN_T(whole[0])
-            self.ptrs = (ctypes.c_void_p * max(len(slots), 1)).from_address(whole[1])
+        self.mode = mode
+        self.run = _RUN_T(entry) if mode == "whole" and entry else None
+        self.par = _PAR_T(entry) if mode == "openmp" else None
+        if bufs is not None:
+            self.ptrs = (ctypes.c_void_p * max(len(slots), 1)).from_address(bufs)
         else:
-            self.run = None
             self.ptrs = (ctypes.c_void_p * max(len(slots), 1))()
         self.ptrs_addr = ctypes.addressof(self.ptrs)
         self.extent = extent
         self.name = name
+        self.threads = 1 if mode == "whole" else min(threads(), extent)
         self.chunks = None
-        if not runs_whole(work, extent):
-            parts = min(os.cpu_count() or 1, extent)
-            bounds = [extent * i // parts for i in range(parts + 1)]
-            self.chunks = [(bounds[i], bounds[i + 1]) for i in range(parts)]
+        if mode == "chunks":
+            bounds = [extent * i // self.threads for i in range(self.threads + 1)]
+            self.chunks = [(bounds[i], bounds[i + 1]) for i in range(self.threads)]
             self.pool = _pool()
 
     def __call__(self, env: list) -> None:
@@ -147,14 +200,17 @@ class KernelLaunch:
 
     def emit(self, k: int, v, ns: dict) -> list:
         """Program._straight_line's lines for this launch: fill the pointers, call the kernel."""
-        ns[f"P{k}"], ns[f"L{k}"], ns[f"R{k}"] = self.ptrs, self, self.run
+        ns[f"P{k}"], ns[f"L{k}"], ns[f"R{k}"] = self.ptrs, self, self.run or self.par
         lines = [f"P{k}[{i}] = {v(s)}.data_ptr()" for i, s in enumerate(self.slots)]
-        simple = self.run is not None and self.chunks is None and self.failed is None
-        return lines + [f"R{k}()" if simple else f"L{k}.launch()"]
+        if self.failed is not None or self.chunks is not None or (self.run or self.par) is None:
+            return lines + [f"L{k}.launch()"]
+        return lines + [f"R{k}()" if self.run is not None else f"R{k}({self.threads})"]
 
     def launch(self) -> None:
         if self.run is not None:
             self.run()
+        elif self.par is not None:
+            self.par(self.threads)
         elif self.chunks is None:
             self.fn(self.ptrs_addr, 0, self.extent)
         else:

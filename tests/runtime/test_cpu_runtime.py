@@ -101,25 +101,73 @@ def launches(monkeypatch):
     return made
 
 
-@pytest.mark.parametrize("case", ["pointwise", "row softmax", "column sum"])
-def test_one_chunk_and_many_chunks_give_identical_results(case, launches, monkeypatch):
+@pytest.fixture
+def threads(monkeypatch):
+    """Set the threads split kernels run on: torch's setting, restored afterwards."""
+    before = torch.get_num_threads()
+
+    def set_threads(n):
+        torch.set_num_threads(n)
+    yield set_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("runtime", ["openmp", "pool"])
+@pytest.mark.parametrize("case", ["pointwise", "row softmax", "column sum", "checked gather"])
+def test_one_chunk_and_many_chunks_give_identical_results(case, runtime, launches, threads, monkeypatch):
+    """Kernels split on torch's OpenMP team, or on our own pool where there is none, compute what one
+    thread does; a run-time check that fails in any chunk still raises."""
     f = {"pointwise": lambda x: torch.cos(x) * x + 1,
          "row softmax": lambda x: torch.softmax(x, -1),
-         "column sum": lambda x: (x * 3).sum(0) * 2}[case]  # x.sum(0) alone runs in torch
+         "column sum": lambda x: (x * 3).sum(0) * 2,  # x.sum(0) alone runs in torch
+         "checked gather": lambda x, i: torch.index_select(x, 0, i) * 2}[case]
     x = torch.randn(1031, 263)  # outer extents that split unevenly
+    args = (x, torch.arange(1031).flip(0)) if case == "checked gather" else (x,)
     monkeypatch.setattr(cpu, "PARALLEL_MIN_WORK", 1 << 12)  # threads even for this small a kernel
+    if runtime == "pool":
+        monkeypatch.setitem(cpu._state, "openmp", False)
+    else:
+        assert cpu.openmp(), "torch's OpenMP runtime was not found"
     results = {}
-    for cores in (1, 7):
-        monkeypatch.setattr(cpu.os, "cpu_count", lambda: cores)
+    for n in (1, 7):
+        threads(n)
         del launches[:]
-        results[cores] = minicomp.compile(f, backend="cpu")(x)
-        chunks = [launch.chunks for launch in launches]
-        if cores == 1:
-            assert chunks and all(c is None for c in chunks)
-        else:
-            assert any(c and len(c) == 7 for c in chunks), chunks
+        c = minicomp.compile(f, backend="cpu")
+        results[n] = c(*args)
+        modes = {launch.mode for launch in launches}
+        assert modes == ({"whole"} if n == 1 else {"openmp" if runtime == "openmp" else "chunks"}), modes
+        assert n == 1 or all(launch.threads == 7 for launch in launches)
+        if case == "checked gather":
+            bad = torch.arange(1031)
+            bad[1000] = 1031  # out of range in the last chunk only
+            with pytest.raises(IndexError, match="index_select"):
+                c(x, bad)
     assert torch.equal(results[1], results[7])
-    torch.testing.assert_close(results[7], f(x), rtol=1e-4, atol=1e-4)  # sums of 1031 terms, reassociated
+    torch.testing.assert_close(results[7], f(*args), rtol=1e-4, atol=1e-4)  # sums of 1031 terms, reassociated
+
+
+def test_split_kernels_run_on_torchs_openmp_threads(launches, threads, monkeypatch):
+    """A split kernel's entry calls GOMP_parallel, resolved to the OpenMP runtime torch loaded (the
+    library in this process that has it), and never touches a thread pool of ours."""
+    import ctypes
+
+    import llvmlite.binding as llvm
+    threads(2)
+    monkeypatch.setattr(cpu, "_pool", lambda: pytest.fail("an OpenMP launch used our thread pool"))
+    x = torch.randn(512, 1024)
+    f = lambda x: torch.tanh(x) * x  # noqa: E731
+    c = minicomp.compile(f, backend="cpu")
+    torch.testing.assert_close(c(x), f(x))
+    assert [launch.mode for launch in launches] == ["openmp"]
+    libs = [ctypes.CDLL(p, mode=os.RTLD_NOLOAD) for p in cpu._loaded_libraries()]
+    torch_gomp = {ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value for lib in libs if hasattr(lib, "GOMP_parallel")}
+    assert llvm.address_of_symbol("GOMP_parallel") in torch_gomp
+    text, _ = generate_module([_kernels("""
+        graph t(%x: f32[512,1024]) -> (f32[512,1024]) {
+          %0: f32[512,1024] = tanh %x
+          return %0
+        }""")[0]], openmp=True)
+    assert re.search(r"call void @\"?GOMP_parallel\"?\(", text) and re.search(r"@\"?omp_get_thread_num\"?\(\)", text)
 
 
 def _kernels(text: str):
