@@ -224,3 +224,16 @@ def test_loop_hints_interleave_math_and_keep_long_rows_rolled():
         }""")
     text, _ = generate_module(tiny, whole=lambda k: True)
     assert "llvm.loop" not in text
+
+
+def test_minicomp_openmp_0_chooses_our_own_pool(monkeypatch, launches, threads):
+    threads(2)
+    monkeypatch.setenv("MINICOMP_OPENMP", "0")
+    monkeypatch.delitem(cpu._state, "openmp", raising=False)
+    assert not cpu.openmp()
+    x = torch.randn(512, 1024)
+    torch.testing.assert_close(minicomp.compile(torch.sin, backend="cpu")(x), torch.sin(x))
+    assert [launch.mode for launch in launches] == ["chunks"]
+    monkeypatch.delenv("MINICOMP_OPENMP")
+    monkeypatch.delitem(cpu._state, "openmp")
+    assert cpu.openmp()
