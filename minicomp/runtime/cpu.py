@@ -9,7 +9,8 @@ and ATen's ops do. A second pool of threads would fight OpenMP's for the cores -
 threads spin for a while before they sleep -- and find them asleep when it hands over work; on the
 team torch's matmuls just used, a split costs a few microseconds. Where torch runs no OpenMP runtime
 we can find (or MINICOMP_OPENMP=0), the chunks go to a thread pool of our own (ctypes releases the
-GIL, so they really run in parallel). Both use torch.get_num_threads() threads, read at compile time.
+GIL, so they really run in parallel). Both use torch.get_num_threads() threads: whether to split is
+decided when compiling, the OpenMP team's size at each call.
 """
 from __future__ import annotations
 
@@ -185,7 +186,7 @@ class KernelLaunch:
         self.ptrs_addr = ctypes.addressof(self.ptrs)
         self.extent = extent
         self.name = name
-        self.threads = 1 if mode == "whole" else min(threads(), extent)
+        self.threads = min(threads(), extent)  # "chunks": fixed now; "openmp": read again at each call
         self.chunks = None
         if mode == "chunks":
             bounds = [extent * i // self.threads for i in range(self.threads + 1)]
@@ -200,17 +201,19 @@ class KernelLaunch:
 
     def emit(self, k: int, v, ns: dict) -> list:
         """Program._straight_line's lines for this launch: fill the pointers, call the kernel."""
-        ns[f"P{k}"], ns[f"L{k}"], ns[f"R{k}"] = self.ptrs, self, self.run or self.par
+        ns[f"P{k}"], ns[f"L{k}"], ns[f"R{k}"], ns["threads"] = self.ptrs, self, self.run or self.par, threads
         lines = [f"P{k}[{i}] = {v(s)}.data_ptr()" for i, s in enumerate(self.slots)]
         if self.failed is not None or self.chunks is not None or (self.run or self.par) is None:
             return lines + [f"L{k}.launch()"]
-        return lines + [f"R{k}()" if self.run is not None else f"R{k}({self.threads})"]
+        return lines + [f"R{k}()" if self.run is not None else f"R{k}(threads())"]
 
     def launch(self) -> None:
         if self.run is not None:
             self.run()
         elif self.par is not None:
-            self.par(self.threads)
+            # torch's setting at each call, as its own ops read it: torch.set_num_threads(1) in a
+            # forked worker (a DataLoader's) keeps this call off the parent's OpenMP threads
+            self.par(threads())
         elif self.chunks is None:
             self.fn(self.ptrs_addr, 0, self.extent)
         else:

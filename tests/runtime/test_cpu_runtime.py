@@ -237,3 +237,24 @@ def test_minicomp_openmp_0_chooses_our_own_pool(monkeypatch, launches, threads):
     monkeypatch.delenv("MINICOMP_OPENMP")
     monkeypatch.delitem(cpu._state, "openmp")
     assert cpu.openmp()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_worker_on_one_thread_runs_split_kernels_inline():
+    """The OpenMP team's size is torch's setting at each call: a forked worker that sets one thread,
+    as a DataLoader's does, never waits on the parent's OpenMP threads (which it does not have)."""
+    script = textwrap.dedent("""
+        import os, torch, minicomp
+        torch.set_num_threads(2)
+        x = torch.randn(512, 1024)
+        c = minicomp.compile(lambda x: torch.tanh(x) * 2, backend="cpu")
+        c(x)
+        pid = os.fork()
+        if pid == 0:
+            torch.set_num_threads(1)
+            os._exit(0 if torch.allclose(c(x), torch.tanh(x) * 2) else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
