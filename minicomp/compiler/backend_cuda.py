@@ -40,7 +40,7 @@ def _generate(graph, ctx, **caps):
     from ..ir.kernel import format_kernel
     kernels = [n.meta["kernel"] for n in graph.nodes if n.op == "kernel"]
     source, launches = generate(kernels, sm_count=sm_count(), **caps)
-    ctx.dump.stage("kernels", "\n".join(format_kernel(collapse(k)) for k in kernels), level=3)
+    ctx.dump.stage("kernels", lambda: "\n".join(format_kernel(collapse(k)) for k in kernels), level=3)
     ctx.dump.stage("cuda", source, level=4)
     return kernels, source, {launch.name: launch for launch in launches}
 

@@ -207,7 +207,7 @@ def build_cpu(graph, ctx):
         ctx.artifacts[key] = generate_module([n.meta["kernel"] for n in knodes],
                                              whole=lambda k: mode(k) == "whole", openmp=cpu.openmp())
     text, kernels = ctx.artifacts[key]
-    ctx.dump.stage("kernels", "\n".join(_cpu_kernel_text(k) for k in kernels), level=3)
+    ctx.dump.stage("kernels", lambda: "\n".join(_cpu_kernel_text(k) for k in kernels), level=3)
     ctx.dump.stage("llvm", text, level=4)
     jit = JitModule(text) if knodes else None
     codegen_s = time.perf_counter() - t0

@@ -123,7 +123,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
         plain, hit = True, "memo"
     else:
         if cached is None:
-            ctx.dump.stage("fx", gm.print_readable(print_output=False), level=3)
+            ctx.dump.stage("fx", lambda: gm.print_readable(print_output=False), level=3)
             graph, _ = lower(gm, name, options.strict)
             fx_nodes = len(gm.graph.nodes)
             plain, hit = kind == "inference" and graph_cache.plain_wrapper(len(example_inputs)), None
@@ -132,9 +132,9 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
         else:
             graph, fx_nodes = cached
             graph.name, plain, hit = name, True, "hit"
-            ctx.dump.stage("fx", "# graph cache hit: AOTAutograd and lowering skipped; Dynamo's graph:\n"
+            ctx.dump.stage("fx", lambda: "# graph cache hit: AOTAutograd and lowering skipped; Dynamo's graph:\n"
                            + gm.print_readable(print_output=False), level=3)
-        ctx.dump.stage("ir", str(graph))
+        ctx.dump.stage("ir", graph.__str__)
         if options.verify:
             verify(graph)
         externs = [n.attrs["target"] for n in graph.nodes if n.op == "extern"]

@@ -29,8 +29,13 @@ class Dumper:
             self.dir = os.path.join(options.dump_dir, f"{_next_number(options.dump_dir):03d}_{graph_name}")
             os.makedirs(self.dir, exist_ok=True)
 
-    def stage(self, name: str, text: str, level: int = 2) -> None:
-        """Record one stage's text: printed at `level` and above, always written to the dump folder."""
+    def stage(self, name: str, text, level: int = 2) -> None:
+        """Record one stage's text (a string, or a function that makes it: only called when the
+        stage is printed, at `level` and above, or written to the dump folder, always)."""
+        if self.level < level and not self.dir:
+            return
+        if callable(text):
+            text = text()
         if self.level >= level:
             print(f"--- minicomp {self.graph_name}: {name} ---\n{text}", file=sys.stderr)
         if self.dir:

@@ -26,5 +26,5 @@ def run_passes(graph: Graph, ctx) -> Graph:
         graph = fn(graph, ctx)
         if ctx.options.verify:
             verify(graph)
-        ctx.dump.stage(f"ir_after_{name}", str(graph))
+        ctx.dump.stage(f"ir_after_{name}", graph.__str__)
     return graph

@@ -139,6 +139,6 @@ def run(graph: Graph, ctx) -> Graph:
     sch, shared_only = conservative_schedule(graph, ctx.kernel_ops)
     ctx.source_graph, ctx.schedule, ctx.shared_only = graph, sch, shared_only
     fused = build_graph(graph, sch)
-    ctx.dump.stage("fusion_report", fusion_report(graph, fused, sch))
+    ctx.dump.stage("fusion_report", lambda: fusion_report(graph, fused, sch))
     return fused
 

@@ -84,5 +84,5 @@ def run(graph: Graph, ctx) -> Graph:
     sch = schedule(src, M, why, views, ctx.kernel_ops)
     ctx.schedule = sch
     fused = build_graph(src, sch)
-    ctx.dump.stage("fusion_report_after_remat", fusion_report(src, fused, sch))
+    ctx.dump.stage("fusion_report_after_remat", lambda: fusion_report(src, fused, sch))
     return fused
