@@ -8,7 +8,7 @@ the merge only if the divisions and moduli simplify away. Both code generators u
 from __future__ import annotations
 
 from ..ir.index import Expr, Var, map_data
-from ..ir.kernel import Kernel, KExpr, Reduction, Store
+from ..ir.kernel import Kernel, KExpr, Reduction, Store, map_attrs
 
 
 class _Rewriter:
@@ -27,13 +27,7 @@ class _Rewriter:
         hit = self.memo.get(id(e))
         if hit is not None:
             return hit
-        attrs = dict(e.attrs)
-        if "index" in attrs:
-            attrs["index"] = self.expr(attrs["index"])
-        if "expr" in attrs:
-            attrs["expr"] = self.expr(attrs["expr"])
-        if isinstance(attrs.get("guard"), KExpr):
-            attrs["guard"] = self.kexpr(attrs["guard"])
+        attrs = map_attrs(e, self.expr, self.kexpr)
         if e.op == "acc":
             attrs["red"] = self.red(attrs["red"])
         out = KExpr(e.op, tuple(self.kexpr(a) for a in e.args), attrs, e.dtype)

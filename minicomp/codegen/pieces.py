@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.index import Expr, Var, map_data
-from ..ir.kernel import Kernel, KExpr, Store
+from ..ir.kernel import Kernel, KExpr, Store, map_attrs
 from .collapse import collapse
 
 MAX_PIECES = 64
@@ -160,15 +160,9 @@ class _Rewriter:
             t = _truth(cond)
             if t is not None:
                 return self.kexpr(e.args[1] if t else e.args[2])
-        attrs = dict(e.attrs)
-        if "index" in attrs:
-            attrs["index"] = self.expr(attrs["index"])
-        if "expr" in attrs:
-            attrs["expr"] = self.expr(attrs["expr"])
-        if isinstance(attrs.get("guard"), KExpr):
-            attrs["guard"] = self.kexpr(attrs["guard"])
-            if _truth(attrs["guard"]) is True:
-                del attrs["guard"]
+        attrs = map_attrs(e, self.expr, self.kexpr)
+        if isinstance(attrs.get("guard"), KExpr) and _truth(attrs["guard"]) is True:
+            del attrs["guard"]
         args = tuple(self.kexpr(a) for a in e.args)
         if e.op in _COMPARE and args[0].op == "index" and args[1].op == "const" and isinstance(
                 args[1].attrs["value"], int):

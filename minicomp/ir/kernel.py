@@ -94,6 +94,18 @@ class Kernel:
         return outer + (" x [" + "x".join(str(v.size) for v in self.inner) + "]" if self.inner else "")
 
 
+def map_attrs(e: KExpr, expr, kexpr) -> dict:
+    """A copy of e's attrs with its index expressions (a load's `index`, an index op's `expr`) mapped
+    by `expr` and its guard by `kexpr`: the part of every KExpr rewrite that is not the op."""
+    attrs = dict(e.attrs)
+    for name in ("index", "expr"):
+        if name in attrs:
+            attrs[name] = expr(attrs[name])
+    if isinstance(attrs.get("guard"), KExpr):
+        attrs["guard"] = kexpr(attrs["guard"])
+    return attrs
+
+
 def walk(roots) -> list:
     """Every KExpr reachable from `roots`, operands before users (each once)."""
     seen, order = set(), []
