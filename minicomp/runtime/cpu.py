@@ -60,8 +60,8 @@ def threads() -> int:
 
 def _loaded_libraries() -> list:
     try:
-        with open("/proc/self/maps") as f:
-            paths = {ln.split(None, 5)[5].strip() for ln in f if len(ln.split(None, 5)) == 6}
+        with open("/proc/self/maps") as f:  # address perms offset dev inode [path]
+            paths = {fields[5].strip() for fields in (ln.split(None, 5) for ln in f) if len(fields) == 6}
     except OSError:  # not Linux: the libraries torch ships
         import glob
 
@@ -177,7 +177,7 @@ class KernelLaunch:
         self.sites = sites
         self.slots = slots
         self.mode = mode
-        self.run = _RUN_T(entry) if mode == "whole" and entry else None
+        self.run = _RUN_T(entry) if mode == "whole" else None
         self.par = _PAR_T(entry) if mode == "openmp" else None
         if bufs is not None:
             self.ptrs = (ctypes.c_void_p * max(len(slots), 1)).from_address(bufs)
@@ -203,7 +203,7 @@ class KernelLaunch:
         """Program._straight_line's lines for this launch: fill the pointers, call the kernel."""
         ns[f"P{k}"], ns[f"L{k}"], ns[f"R{k}"], ns["threads"] = self.ptrs, self, self.run or self.par, threads
         lines = [f"P{k}[{i}] = {v(s)}.data_ptr()" for i, s in enumerate(self.slots)]
-        if self.failed is not None or self.chunks is not None or (self.run or self.par) is None:
+        if self.failed is not None or self.chunks is not None:
             return lines + [f"L{k}.launch()"]
         return lines + [f"R{k}()" if self.run is not None else f"R{k}(threads())"]
 
@@ -214,8 +214,6 @@ class KernelLaunch:
             # torch's setting at each call, as its own ops read it: torch.set_num_threads(1) in a
             # forked worker (a DataLoader's) keeps this call off the parent's OpenMP threads
             self.par(threads())
-        elif self.chunks is None:
-            self.fn(self.ptrs_addr, 0, self.extent)
         else:
             futures = [self.pool.submit(self.fn, self.ptrs_addr, lo, hi) for lo, hi in self.chunks[1:]]
             lo, hi = self.chunks[0]
