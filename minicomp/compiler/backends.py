@@ -178,11 +178,16 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
 
 
 def _cpu_kernel_text(k) -> str:
-    """A kernel's dump, with the loop nests the CPU code generator splits it into (codegen/pieces.py)."""
+    """A kernel's dump, with the loop nests the CPU code generator splits it into (codegen/pieces.py)
+    or how it runs a reduction down columns."""
+    from ..codegen.llvm import COLUMN_TILE, columns
     from ..codegen.pieces import split
     from ..ir.kernel import format_kernel
     pieces = split(k)
     if not pieces:
+        if columns(k):
+            return format_kernel(k) + (f"  runs down the columns: {k.outer[-1].name} in tiles of {COLUMN_TILE} "
+                                       "columns, an accumulator each, the reduction loops around the tile's loop\n")
         return format_kernel(k)
     head = f"  runs as {len(pieces)} loop nests, one per range of {k.outer[pieces[0].pos].name}:\n"
     return format_kernel(k) + head + "".join(
