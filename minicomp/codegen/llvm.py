@@ -18,11 +18,7 @@ unroll a 1024-element row completely and keep the row's vectors across stages in
 A pointwise kernel whose stores choose between parts by comparing a loop variable with constants (a
 cat, a pad) runs as one loop nest per range of that variable (pieces.py): the GPT block's backward
 cat of q/k/v gradients went from 0.168 ms to under 0.012.
-A reduction down columns (the kept last variable contiguous in memory, the reduced one strided: a
-layer_norm weight gradient) keeps an accumulator per column for a tile of COLUMN_TILE columns and
-runs the reduction loops around the loop over the tile, which then reads along rows and vectorizes
-(`columns`; a sum of (x*x) down 8192x1024: 36 -> 2.2 ms, where the loop down each column read one
-element per row).
+A reduction down columns (a layer_norm weight gradient) runs in column tiles (columns.py).
 """
 from __future__ import annotations
 
@@ -31,6 +27,7 @@ import llvmlite.ir as ir
 from ..ir.index import Expr, Var
 from ..ir.kernel import Kernel, KExpr, walk
 from .collapse import collapse
+from .columns import columns, emit_columns
 from .pieces import split
 from .llvm_ops import FLOATS, I1, I64, UNSIGNED, Ops, const, mem_type, reg_type
 
@@ -59,7 +56,6 @@ def check_sites(k: Kernel) -> list:
 MATH_INTERLEAVE = 4
 MATH_INTERLEAVE_MIN_TRIPS = 256  # shorter loops would leave most iterations to the scalar remainder
 NO_UNROLL_MIN_TRIPS = 128  # constant-trip loops this long are not unrolled (see the module docstring)
-COLUMN_TILE = 1024  # columns a column reduction accumulates at once: 4 KB of f32 accumulators, in L1 (KernelCodegen.columns)
 
 
 class KernelCodegen:
@@ -182,68 +178,6 @@ class KernelCodegen:
                 e = b.select(b.icmp_signed("<", end, hi), end, hi)
                 first = (b.sub(s, lo), b.sub(e, lo))
         self.nest(list(k.outer), lambda: [self.store(s) for s in k.outer_stores], first_range=first)
-
-    def columns(self, first_range) -> None:
-        """A column reduction (see `columns`): the last kept variable c runs in tiles of COLUMN_TILE
-        columns, each with an accumulator per column in a stack array, and the reduction loops run
-        outside the loop over the tile's columns -- so the innermost loop reads along c, contiguously,
-        and vectorizes, where a loop down one column reads one element per row."""
-        k, b = self.k, self.b
-        self.prestores, self.finish = {}, set()  # inner stores run after the reduction, whole
-        c = k.outer[-1]
-        reds = [(r, self.entry_alloca(reg_type(r.value.dtype), COLUMN_TILE), self.entry_alloca(I1, COLUMN_TILE))
-                for r in k.stages[0]]
-
-        def tiles(lo, hi):
-            tile = f"{c.name}.tile"
-            count = b.sdiv(b.add(b.sub(hi, lo), I64(COLUMN_TILE - 1)), I64(COLUMN_TILE))
-            self.loop(I64(0), count, tile, lambda: tile_body(b.add(lo, b.mul(self.vars[tile], I64(COLUMN_TILE))), hi),
-                      max(1, c.size // COLUMN_TILE))
-
-        def tile_body(base, hi):
-            left = b.sub(hi, base)
-            n = b.select(b.icmp_signed("<", left, I64(COLUMN_TILE)), left, I64(COLUMN_TILE))
-
-            def lanes(body):
-                lane = f"{c.name}.lane"
-
-                def each():
-                    self.vars[c.name] = b.add(base, self.vars[lane])
-                    j = self.vars[lane]
-                    body([b.gep(a, [j], source_etype=reg_type(r.value.dtype)) for r, a, _ in reds],
-                         [b.gep(m, [j], source_etype=I1) for _, _, m in reds])
-                self.loop(I64(0), n, lane, each, COLUMN_TILE)
-
-            def init(accs, nans):
-                for (r, _, _), acc, nan in zip(reds, accs, nans):
-                    b.store(self.init_value(r), acc)
-                    b.store(I1(0), nan)
-
-            def accumulate(accs, nans):
-                for (r, _, _), acc, nan in zip(reds, accs, nans):
-                    self.combine(r, self.value(r.value), acc, nan, None)
-
-            def results(stores):
-                def emit(accs, nans):
-                    self.accs = {}
-                    for (r, _, _), acc, nan in zip(reds, accs, nans):
-                        v = b.load(acc)
-                        if r.value.dtype in FLOATS and r.op in ("amax", "amin"):
-                            v = b.select(b.load(nan), ir.Constant(v.type, float("nan")), v)
-                        self.accs[id(r)] = v
-                    for st in stores:
-                        self.store(st)
-                return emit
-            lanes(init)
-            self.nest(list(k.inner), lambda: lanes(accumulate))
-            if k.inner_stores:
-                self.nest(list(k.inner), lambda: lanes(results(k.inner_stores)))
-            lanes(results(k.outer_stores))
-        if len(k.outer) == 1:  # the runtime splits c itself
-            lo, hi = first_range or (I64(0), I64(c.size))
-            tiles(lo, hi)
-        else:
-            self.nest(list(k.outer[:-1]), lambda: tiles(I64(0), I64(c.size)), first_range=first_range)
 
     def loop_md(self, hints):
         """A loop ID (a node whose first operand is itself, as LLVM requires) carrying `hints`."""
@@ -404,7 +338,7 @@ class KernelCodegen:
             for pc in pieces:
                 self.piece(pc, start, end)
         elif columns(k):  # a reduction down columns: accumulators for a tile of columns
-            self.columns(None if self.whole else (start, end))
+            emit_columns(self, None if self.whole else (start, end))
         elif outer:  # a kernel that always runs whole gets constant bounds: LLVM sees the trip count
             self.nest(outer, row, first_range=None if self.whole else (start, end))
         else:
@@ -485,29 +419,6 @@ def _prestores(k: Kernel):
 def _uses(e: KExpr, names: set) -> bool:
     return any(x.op == "load" and names & x.attrs["index"].vars() or x.op == "index" and names & x.attrs["expr"].vars()
                for x in walk([e]))
-
-
-def columns(k: Kernel) -> bool:
-    """Whether k reduces down columns: one stage of sum, prod, amax or amin, and every load that
-    depends on the last kept variable c contiguous along it (affine, stride 1) and not along the
-    innermost reduced variable (such a load the row loop vectorizes). Loads without c (a per-row
-    scale) are one value for the whole tile."""
-    if len(k.stages) != 1 or not k.outer or not k.inner or k.outer[-1].size < 2:
-        return False
-    if any(r.op not in ("sum", "prod", "amax", "amin") for r in k.stages[0]):
-        return False
-    c, r = k.outer[-1], k.inner[-1]
-    seen = False
-    for e in walk([red.value for red in k.stages[0]] + [st.value for st in k.inner_stores]):
-        if e.op != "load":
-            continue
-        idx = e.attrs["index"]
-        if c.name not in idx.vars():
-            continue
-        if idx.coeff(c) != 1 or idx.coeff(r) == 1 or not idx.is_affine():
-            return False
-        seen = True
-    return seen
 
 
 def outer_extent(k: Kernel) -> int:

@@ -180,7 +180,7 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
 def _cpu_kernel_text(k) -> str:
     """A kernel's dump, with the loop nests the CPU code generator splits it into (codegen/pieces.py)
     or how it runs a reduction down columns."""
-    from ..codegen.llvm import COLUMN_TILE, columns
+    from ..codegen.columns import COLUMN_TILE, columns
     from ..codegen.pieces import split
     from ..ir.kernel import format_kernel
     pieces = split(k)

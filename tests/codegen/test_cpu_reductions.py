@@ -152,7 +152,7 @@ def test_reductions_down_columns_run_in_column_tiles(dtype, threads, monkeypatch
     """Sums, products, maxima and minima down the columns (the kept last dim contiguous) run with an
     accumulator per column, a tile of COLUMN_TILE columns at a time: more columns than one tile, a
     ragged last tile, NaN in a column, two reductions in one kernel, split across threads or not."""
-    from minicomp.codegen import llvm
+    from minicomp.codegen import columns, llvm
     from minicomp.codegen.collapse import collapse
     from minicomp.runtime import cpu
     monkeypatch.setattr(cpu, "threads", lambda: threads)
@@ -160,13 +160,13 @@ def test_reductions_down_columns_run_in_column_tiles(dtype, threads, monkeypatch
     taken = []
     generate = llvm.generate_module
     monkeypatch.setattr(llvm, "generate_module", lambda ks, *a, **k: taken.extend(
-        llvm.columns(collapse(kk)) for kk in ks) or generate(ks, *a, **k))
+        columns.columns(collapse(kk)) for kk in ks) or generate(ks, *a, **k))
 
     def fn(x, g):
         y = x * 2 + 1
         return {"sum": (y * g).sum(0), "both": (y.sum(0), (y * y).sum(0)), "amax": y.amax(0), "amin": (y - g).amin(0),
                 "prod": (x * 0 + 1).prod(0), "3d": (y.view(3, -1, y.shape[-1]) + 0).sum((0, 1))}
-    n = llvm.COLUMN_TILE + 7
+    n = columns.COLUMN_TILE + 7
     x, g = values(dtype, (12, n), 0), values(dtype, (12, n), 1)
     if dtype in FLOAT_DTYPES:
         x, g = x.nan_to_num(0.0, 0.0, 0.0).clamp(-2, 2), g.nan_to_num(0.0, 0.0, 0.0).clamp(-2, 2)
@@ -178,8 +178,8 @@ def test_reductions_down_columns_run_in_column_tiles(dtype, threads, monkeypatch
 
 
 def test_a_row_reduction_is_not_a_column_reduction():
-    from minicomp.codegen import llvm
     from minicomp.codegen.collapse import collapse
+    from minicomp.codegen.columns import columns
     from tests.runtime.test_cpu_runtime import _kernels
     row, col = (_kernels(f"""
         graph t(%x: f32[64,128]) -> (f32[{n}]) {{
@@ -187,7 +187,7 @@ def test_a_row_reduction_is_not_a_column_reduction():
           %1: f32[{n}] = sum %0 [dims=({d},), keepdim=false]
           return %1
         }}""") for n, d in ((64, 1), (128, 0)))
-    assert not llvm.columns(collapse(row[0])) and llvm.columns(collapse(col[0]))
+    assert not columns(collapse(row[0])) and columns(collapse(col[0]))
     from minicomp.compiler.backends import _cpu_kernel_text
     assert "runs down the columns" in _cpu_kernel_text(collapse(col[0]))
     assert "runs down the columns" not in _cpu_kernel_text(collapse(row[0]))
