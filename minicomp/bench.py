@@ -15,6 +15,11 @@ minicomp's median time is its achieved GB/s, shown against `dst.copy_(src)` meas
 run (what this machine can actually stream). A memory-bound kernel near 100% has nothing left to
 gain. Each row also carries minicomp's max abs error against eager, and a row outside the
 tolerance is marked WRONG and left out of the geomean: a fast wrong answer never looks good.
+
+Compile times: the first call with cold caches, then a recompile in the same process after
+`torch._dynamo.reset()` (`again s`), minicomp's own part of it (`own s`), and Dynamo's trace alone
+(`dynamo s`: its `eager` backend's first call less its second), which every Dynamo-based compiler
+pays before its own work.
 """
 from __future__ import annotations
 
@@ -36,8 +41,8 @@ from minicomp.options import BACKENDS
 
 from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, make_case
 
-TOLERANCE = 1e-4
-AGAIN_SAMPLES = 3  # max abs error allowed, relative to max(1, max |eager output|)
+TOLERANCE = 1e-4  # max abs error allowed, relative to max(1, max |eager output|)
+AGAIN_SAMPLES = 3  # warm recompiles timed per compiler (the median is shown)
 
 
 def set_threads() -> None:
@@ -153,16 +158,19 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
     # Warm recompiles: the median of three for each compiler (a full garbage collection of a heap this
     # size takes 0.3 s and lands on one compile or another). No reset follows the last round: the
     # callables timed below are its compiles, and a reset would drop them.
-    again, ind_again = [], []
+    # Dynamo's own trace of the case (its `eager` backend compiles nothing) is the floor under both.
+    again, ind_again, dynamo = [], [], []
     for _ in range(AGAIN_SAMPLES):
         torch._dynamo.reset()
+        traced = torch.compile(fn, backend="eager")
+        dynamo.append(_timed_first_call(traced, inputs)[0] - _timed_first_call(traced, inputs)[0])  # less a run
         compiled = minicomp.compile(fn, backend=backend)
         s, actual = _timed_first_call(compiled, inputs)
         again.append(s)
         if inductor_compile_s is not None:
             inductor = torch.compile(fn)
             ind_again.append(_timed_first_call(inductor, inputs)[0])
-    recompile_s = statistics.median(again)
+    recompile_s, dynamo_s = statistics.median(again), statistics.median(dynamo)
     inductor_again_s = statistics.median(ind_again) if ind_again else None
     if inductor_compile_s is None:
         inductor = None
@@ -198,7 +206,7 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
         "fresh_vs_eager": t["fresh"] / t["eager"],
         "fresh_vs_inductor": t["fresh"] / t["inductor"] if inductor is not None else None,
         "bytes": moved, "gbps": gbps, "copy_gbps": copy_gbps, "pct_copy": 100 * gbps / copy_gbps,
-        "compile_s": compile_s, "recompile_s": recompile_s, "own_s": own_s,
+        "compile_s": compile_s, "recompile_s": recompile_s, "own_s": own_s, "dynamo_s": dynamo_s,
         "inductor_compile_s": inductor_compile_s, "inductor_again_s": inductor_again_s,
         "max_abs_err": err, "ok": ok, "notes": notes,
     }
@@ -226,6 +234,7 @@ COLUMNS = [  # (header, row key, format)
     ("mc/eager", "vs_eager", "{:.2f}"), ("mc/inductor", "vs_inductor", "{:.2f}"),
     ("GB/s", "gbps", "{:.1f}"), ("% copy", "pct_copy", "{:.0f}%"),
     ("compile s", "compile_s", "{:.2f}"), ("again s", "recompile_s", "{:.2f}"), ("own s", "own_s", "{:.2f}"),
+    ("dynamo s", "dynamo_s", "{:.2f}"),
     ("inductor s", "inductor_compile_s", "{:.2f}"), ("ind. again s", "inductor_again_s", "{:.2f}"),
     ("max abs err", "max_abs_err", "{:.1e}"),
 ]
@@ -253,6 +262,7 @@ def format_table(rows: list) -> str:
                    f"compile s = first call, cold caches; again s = a fresh compile of the same case in this process, median of 3 "
                    f"(Dynamo traces again; minicomp's graph cache then skips AOTAutograd, lowering, passes and code generation, "
                    f"as Inductor's caches skip its own); own s = minicomp's part of that (building the program, loading machine code); "
+                   f"dynamo s = Dynamo's trace alone (backend='eager', same rounds; its first call less its second): what no Dynamo-based compile goes under; "
                    f"fresh ms = minicomp with recycle_outputs=False: every output newly allocated, as eager and "
                    f"Inductor do (the timed loops drop each result, so minicomp's default reuses its memory)")
     out += [f"{r['case']}: {n}" for r in rows for n in r["notes"]]
