@@ -101,14 +101,18 @@ def _pool() -> ThreadPoolExecutor:
         return _state["pool"]
 
 
-def optimize(ir_text: str) -> str:
-    """The O3-optimized IR (tests look for vector types in it)."""
-    tm = _target_machine()
+def _optimized(ir_text: str):
+    """The module, parsed, verified and optimized at O3."""
     mod = llvm.parse_assembly(ir_text)
     mod.verify()
-    pb = llvm.create_pass_builder(tm, llvm.PipelineTuningOptions(speed_level=3))
+    pb = llvm.create_pass_builder(_target_machine(), llvm.PipelineTuningOptions(speed_level=3))
     pb.getModulePassManager().run(mod, pb)
-    return str(mod)
+    return mod
+
+
+def optimize(ir_text: str) -> str:
+    """The O3-optimized IR as text (tests look for vector types in it)."""
+    return str(_optimized(ir_text))
 
 
 class JitModule:
@@ -128,8 +132,7 @@ class JitModule:
                 cache.drop("cpu", k)
                 self.cached = False
         if self.engine is None:
-            mod = llvm.parse_assembly(optimize(ir_text))
-            obj = _target_machine().emit_object(mod)
+            obj = _target_machine().emit_object(_optimized(ir_text))
             self.engine = self._load(obj)
             cache.put("cpu", k, obj)
 
