@@ -10,10 +10,8 @@ around the loop over the tile's columns, which reads along rows and vectorizes: 
 """
 from __future__ import annotations
 
-import llvmlite.ir as ir
-
 from ..ir.kernel import Kernel, walk
-from .llvm_ops import FLOATS, I1, I64, reg_type
+from .llvm_ops import I1, I64, reg_type
 
 COLUMN_TILE = 1024  # columns accumulated at once
 
@@ -45,7 +43,6 @@ def emit_columns(cg, first_range) -> None:
     """KernelCodegen cg's loop nest for a kernel `columns` accepts. `first_range`: the range of the
     first outer variable the runtime hands this call, None for all of it."""
     k, b = cg.k, cg.b
-    cg.prestores, cg.finish = {}, set()  # inner stores run after the reduction, whole
     c = k.outer[-1]
     reds = [(r, cg.entry_alloca(reg_type(r.value.dtype), COLUMN_TILE), cg.entry_alloca(I1, COLUMN_TILE))
             for r in k.stages[0]]
@@ -81,12 +78,7 @@ def emit_columns(cg, first_range) -> None:
 
         def results(stores):
             def emit(accs, nans):
-                cg.accs = {}
-                for (r, _, _), acc, nan in zip(reds, accs, nans):
-                    v = b.load(acc)
-                    if r.value.dtype in FLOATS and r.op in ("amax", "amin"):
-                        v = b.select(b.load(nan), ir.Constant(v.type, float("nan")), v)
-                    cg.accs[id(r)] = v
+                cg.accs = {id(r): cg.result(r, acc, nan) for (r, _, _), acc, nan in zip(reds, accs, nans)}
                 for st in stores:
                     cg.store(st)
             return emit

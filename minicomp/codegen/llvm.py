@@ -67,7 +67,8 @@ class KernelCodegen:
         self.loops = 0  # loops emitted so far
         self.failed = None  # alloca: a run-time check failed (kernels that gather or divide integers)
         self.sites = check_sites(kernel)
-        self.prestores, self.finish = _prestores(kernel)
+        self.columns = columns(kernel)  # a reduction down columns (columns.py): no prestores there
+        self.prestores, self.finish = ({}, set()) if self.columns else _prestores(kernel)
 
     # -- values ------------------------------------------------------------------------------------
     def lookup(self, e: KExpr):
@@ -222,10 +223,14 @@ class KernelCodegen:
             if r.op in ("argmax", "argmin"):
                 self.accs[id(r)] = self.ops.cast(b.load(idx), "i64", r.dtype)
                 continue
-            v = b.load(acc)
-            if r.value.dtype in FLOATS and r.op in ("amax", "amin"):
-                v = b.select(b.load(nan), ir.Constant(v.type, float("nan")), v)
-            self.accs[id(r)] = v
+            self.accs[id(r)] = self.result(r, acc, nan)
+
+    def result(self, r, acc, nan):
+        """Reduction r's value from its accumulator (a float max or min that saw NaN is NaN)."""
+        v = self.b.load(acc)
+        if r.value.dtype in FLOATS and r.op in ("amax", "amin"):
+            v = self.b.select(self.b.load(nan), ir.Constant(v.type, float("nan")), v)
+        return v
 
     def init_value(self, r):
         dt = r.value.dtype
@@ -337,7 +342,7 @@ class KernelCodegen:
         if pieces:  # one loop nest per piece (pieces.py): a cat evaluates only its part
             for pc in pieces:
                 self.piece(pc, start, end)
-        elif columns(k):  # a reduction down columns: accumulators for a tile of columns
+        elif self.columns:  # a reduction down columns: accumulators for a tile of columns
             emit_columns(self, None if self.whole else (start, end))
         elif outer:  # a kernel that always runs whole gets constant bounds: LLVM sees the trip count
             self.nest(outer, row, first_range=None if self.whole else (start, end))

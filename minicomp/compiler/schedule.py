@@ -192,7 +192,7 @@ class Scheduler:
         """A sum down the columns (the last dim kept: a bias gradient) of a value stored anyway (a
         matmul's operand or result, an input) runs in torch: with nothing to fuse into it, torch's
         reduction (each thread summing whole rows of its own, then combined) streams a little faster
-        than our column kernels (llvm.py: each thread a tile of columns down all the rows)."""
+        than our column kernels (codegen/columns.py: each thread a tile of columns down all the rows)."""
         if node.op != "sum" or node.args[0].type.ndim < 2 or node.args[0].type.ndim - 1 in node.attrs["dims"]:
             return False
         x = node.args[0]

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import llvmlite
 import llvmlite.binding as llvm
+import torch
 
 from ..errors import KernelIndexError, KernelZeroDivisionError
 from . import cache
@@ -54,7 +55,6 @@ def _target_machine():
 
 def threads() -> int:
     """Threads a split kernel runs on: torch's setting (torch.set_num_threads), as its own ops do."""
-    import torch
     return max(1, torch.get_num_threads())
 
 
@@ -64,8 +64,6 @@ def _loaded_libraries() -> list:
             paths = {fields[5].strip() for fields in (ln.split(None, 5) for ln in f) if len(fields) == 6}
     except OSError:  # not Linux: the libraries torch ships
         import glob
-
-        import torch
         paths = set(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "*")))
     return sorted(p for p in paths if "omp" in os.path.basename(p))
 
