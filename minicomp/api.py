@@ -224,12 +224,13 @@ class CompiledModule:
 
 
 def compile(model_or_fn, *, backend: str = "auto", debug=False, remat: bool = True, cuda_graphs: bool = True,
-            strict: bool = False, max_programs: int = 8, recycle_outputs: bool = True) -> CompiledModule:
+            strict: bool = False, max_programs: int = 8, recycle_outputs: bool = True,
+            remat_budget: float | None = None) -> CompiledModule:
     """Compile an nn.Module or a function of tensors. See README for the options and debug flags.
     Compiling a CompiledModule again compiles the model it wraps, with the new options."""
     if isinstance(model_or_fn, CompiledModule):
         model_or_fn = model_or_fn.model
     if not callable(model_or_fn):
         raise TypeError(f"minicomp.compile wants a module or function, got {type(model_or_fn).__name__}")
-    options = Options.make(backend, debug, remat, cuda_graphs, strict, max_programs, recycle_outputs)
+    options = Options.make(backend, debug, remat, cuda_graphs, strict, max_programs, recycle_outputs, remat_budget)
     return CompiledModule(model_or_fn, options)

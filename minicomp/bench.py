@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
-import random
 import statistics
 import sys
 import tempfile
@@ -39,67 +37,12 @@ import torch.utils._pytree as pytree
 import minicomp
 from minicomp.options import BACKENDS
 
-from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, make_case
+from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, TRAIN_CASES, make_case
+from minicomp.bench_train import format_train_table, run_train
+from minicomp.timing import grid, machine, set_threads, time_interleaved
 
 TOLERANCE = 1e-4  # max abs error allowed, relative to max(1, max |eager output|)
 AGAIN_SAMPLES = 3  # warm recompiles timed per compiler (the median is shown)
-
-
-def set_threads() -> None:
-    """Every contender gets all the cores (torch defaults to the physical ones only)."""
-    torch.set_num_threads(os.cpu_count() or 1)
-
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
-    except OSError:
-        pass
-    return (f"{model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
-            f"Python {platform.python_version()}")
-
-
-def _calibrate(fn, target_s: float) -> int:
-    """Calls per sample so that one sample lasts about target_s (tiny cases would time the clock).
-    Doubles until a batch lasts half of that: one call timed alone can be a slow one (cold caches,
-    a page fault), and too few calls per sample would then time mostly that."""
-    n = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        took = time.perf_counter() - t0
-        if took >= target_s / 2 or n >= 10_000:
-            return max(1, min(10_000, math.ceil(n * target_s / max(took, 1e-9))))
-        n *= 2
-
-
-def time_interleaved(fns: dict, reps: int, target_s: float = 2e-3, sync=lambda: None) -> dict:
-    """{name: median seconds per call}, sampled over `fns` (zero-argument callables) in a new random
-    order each repetition, each batch after one untimed call: whatever a callable leaves behind
-    (evicted caches, torch's OpenMP threads still spinning after a parallel copy) falls on a
-    different successor each time, and the median drops it. `sync` waits for queued device work (torch.cuda.synchronize) so samples time the work,
-    not the queueing."""
-    for fn in fns.values():
-        fn()  # warm-up: caches, allocator, lazy compiles
-    inner = {name: _calibrate(lambda: (fn(), sync()), target_s) for name, fn in fns.items()}
-    samples = {name: [] for name in fns}
-    names = list(fns)
-    order = random.Random(0)
-    for _ in range(reps):
-        order.shuffle(names)
-        for name in names:
-            fn, n = fns[name], inner[name]
-            fn()  # untimed: the first call after another callable's batch runs on cold caches
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            sync()
-            samples[name].append((time.perf_counter() - t0) / n)
-    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def _tensors(tree) -> list:
@@ -241,16 +184,7 @@ COLUMNS = [  # (header, row key, format)
 
 
 def format_table(rows: list) -> str:
-    def cell(row, key, fmt):
-        v = row[key]
-        return "-" if v is None else fmt.format(v)
-    body = [[cell(r, k, f) for _, k, f in COLUMNS] + ["" if r["ok"] else "WRONG"] for r in rows]
-    heads = [h for h, _, _ in COLUMNS] + [""]
-    widths = [max(len(x) for x in col) for col in zip(heads, *body)]
-
-    def line(cells):  # names left, numbers right
-        return "  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    out = [line(heads), line(["-" * w for w in widths])] + [line(b) for b in body]
+    out = grid(rows, COLUMNS)
     good = [r for r in rows if r["ok"]]
     out.append(f"geomean over {len(good)} correct case(s): mc/eager {geomean(r['vs_eager'] for r in good):.2f}, "
                f"mc/inductor {geomean(r['vs_inductor'] for r in good):.2f}; with fresh outputs: "
@@ -276,15 +210,18 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m minicomp.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
     p.add_argument("--backend", default="auto", choices=BACKENDS)
-    p.add_argument("--cases", default=",".join(CASE_NAMES),
-                   help="comma-separated, from: " + ", ".join(CASE_NAMES + EXTRA_CASES))
+    p.add_argument("--cases", default=",".join(CASE_NAMES + TRAIN_CASES),
+                   help="comma-separated, from: " + ", ".join(CASE_NAMES + EXTRA_CASES + TRAIN_CASES))
     p.add_argument("--device", default="cpu", help="where the inputs live: cpu or cuda")
     p.add_argument("--reps", type=int, default=None, help="interleaved repetitions (default 30, 7 with --quick)")
     args = p.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
-    unknown = [c for c in cases if c not in CASE_NAMES + EXTRA_CASES]
+    everything = CASE_NAMES + EXTRA_CASES + TRAIN_CASES
+    unknown = [c for c in cases if c not in everything]
     if unknown:
-        p.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASE_NAMES + EXTRA_CASES)}")
+        p.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(everything)}")
+    train = [c for c in cases if c in TRAIN_CASES]
+    cases = [c for c in cases if c not in TRAIN_CASES]
     set_threads()
     print(f"machine: {machine()}")
     print(f"backend: {args.backend}{' (quick)' if args.quick else ''}")
@@ -292,9 +229,13 @@ def main(argv=None) -> int:
         # cold compiles for both compilers: empty disk caches, private to this run
         os.environ["MINICOMP_CACHE_DIR"] = os.path.join(d, "minicomp")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(d, "inductor")
-        rows = run_bench(cases, args.backend, args.reps, args.quick, args.device)
-    print(format_table(rows))
-    return 0 if all(r["ok"] for r in rows) else 1
+        rows = run_bench(cases, args.backend, args.reps, args.quick, args.device) if cases else []
+        if rows:
+            print(format_table(rows))
+        train_rows = run_train(train, args.backend, args.reps, args.quick) if train else []
+        if train_rows:
+            print(("\n" if rows else "") + format_train_table(train_rows))
+    return 0 if all(r["ok"] for r in rows + train_rows) else 1
 
 
 if __name__ == "__main__":

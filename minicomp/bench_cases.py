@@ -15,6 +15,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from minicomp.models import MLP, Block, MixerBlock, NormStack
+
 
 @dataclass
 class Case:
@@ -72,7 +74,6 @@ def _kernels100(x):
 
 
 def _gpt_block():
-    from minicomp.demo import Block  # demo imports the bench's timer: importing it here, late, avoids the cycle
     B, T, C, H = 4, 64, 128, 4
     return Case("gpt_block", Block(C, H, T).eval(), (_randn(B, T, C),), f"B{B} T{T} C{C} H{H}")
 
@@ -101,8 +102,32 @@ def _make(name: str, quick: bool) -> Case:
     raise ValueError(f"unknown bench case {name!r}; choose from {', '.join(CASE_NAMES)}")
 
 
+def _make_train(name: str, quick: bool) -> Case:
+    """Training cases: a GPT block, an MLP with GELU, a LayerNorm-heavy stack and an MLP-Mixer block."""
+    rows = 64 if quick else 256
+    if name == "gpt_block_train":
+        B, T, C, H = 4, 64, 128, 4
+        return Case(name, Block(C, H, T), (_randn(B, T, C),), f"B{B} T{T} C{C} H{H}")
+    if name == "mlp_gelu_train":
+        return Case(name, MLP(512, 2048), (_randn(rows, 512),), f"{rows}x512, hidden 2048")
+    if name == "norm_stack_train":
+        return Case(name, NormStack(512, 3), (_randn(rows, 512),), f"{rows}x512, 3 layers")
+    if name == "mixer_train":
+        B, P, C = (2 if quick else 8), 64, 128
+        return Case(name, MixerBlock(P, C), (_randn(B, P, C),), f"B{B} P{P} C{C}")
+    raise ValueError(f"unknown training case {name!r}; choose from {', '.join(TRAIN_CASES)}")
+
+
 CASE_NAMES = ("cos_cos", "chain10", "layernorm_gelu", "softmax", "rmsnorm_residual", "tiny_chain50", "gpt_block")
 EXTRA_CASES = ("kernels100",)  # launch overhead: the GPU check's CUDA Graph measurement
+
+
+TRAIN_CASES = ("gpt_block_train", "mlp_gelu_train", "norm_stack_train", "mixer_train")
+
+
+def make_train_case(name: str, quick: bool = False) -> Case:
+    torch.manual_seed(0)
+    return _make_train(name, quick)
 
 
 def make_case(name: str, quick: bool = False, device: str = "cpu") -> Case:

@@ -13,49 +13,17 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import sys
 import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import minicomp
 from minicomp.options import BACKENDS
 
-from minicomp.bench import set_threads, time_interleaved
-
-
-class Block(nn.Module):
-    """A GPT-2 block, written the way nanoGPT writes it."""
-
-    def __init__(self, dim: int, heads: int, max_seq: int):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.ln2 = nn.LayerNorm(dim)
-        self.fc = nn.Linear(dim, 4 * dim)
-        self.fc_out = nn.Linear(4 * dim, dim)
-        self.register_buffer("causal", torch.tril(torch.ones(max_seq, max_seq, dtype=torch.bool)))
-
-    def attention(self, x):
-        B, T, C = x.shape
-        hs = C // self.heads
-        q, k, v = self.qkv(x).split(C, dim=2)                                  # (B, T, C) each
-        q, k, v = (t.view(B, T, self.heads, hs).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hs)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))                 # (B, H, T, T)
-        att = att.masked_fill(~self.causal[:T, :T], float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, C)                          # (B, T, C)
-        return self.proj(y)
-
-    def forward(self, x):                                                       # x: (B, T, C)
-        x = x + self.attention(self.ln1(x))
-        return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
+from minicomp.timing import set_threads, time_interleaved
+from minicomp.models import Block
 
 
 @dataclass

@@ -19,13 +19,20 @@ class Options:
     max_programs: int = 8           # programs per compiled callable before it runs eagerly
     verify: bool = False            # verify the IR after every pass (on in debug mode and in tests)
     recycle_outputs: bool = True    # CPU: reuse a big output's memory once the caller drops it
+    remat_budget: Optional[float] = None  # training: saved activations at most this fraction of remat=False's
 
     @staticmethod
     def make(backend: str = "auto", debug: Union[bool, int, str] = False, remat: bool = True,
              cuda_graphs: bool = True, strict: bool = False, max_programs: int = 8,
-             recycle_outputs: bool = True) -> "Options":
+             recycle_outputs: bool = True, remat_budget: Optional[float] = None) -> "Options":
         if backend not in BACKENDS:
             raise ValueError(f"minicomp: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        if remat_budget is not None and (isinstance(remat_budget, bool) or not isinstance(remat_budget, (int, float))
+                                         or not 0 < remat_budget <= 1):
+            raise ValueError(f"minicomp: remat_budget={remat_budget!r}: want a fraction of remat=False's saved "
+                             "bytes in (0, 1], or None")
+        if remat_budget is not None and not remat:
+            raise ValueError("minicomp: remat_budget asks for rematerialization; it cannot go with remat=False")
         level = int(os.environ.get("MINICOMP_DEBUG", "0") or 0)
         dump_dir = os.environ.get("MINICOMP_DUMP_DIR") or None
         if isinstance(debug, str):
@@ -35,4 +42,5 @@ class Options:
         elif isinstance(debug, int) and not isinstance(debug, bool):
             level = max(level, debug)
         verify = level > 0 or os.environ.get("MINICOMP_VERIFY", "") == "1"
-        return Options(backend, level, dump_dir, remat, cuda_graphs, strict, max_programs, verify, recycle_outputs)
+        return Options(backend, level, dump_dir, remat, cuda_graphs, strict, max_programs, verify, recycle_outputs,
+                       None if remat_budget is None else float(remat_budget))

@@ -38,15 +38,54 @@ class KernelReport:
                 f"wrote {self.bytes_written:,} B, {self.flops:,} flops")
 
 
+def _kb(n: int) -> str:
+    return f"{n / 1024:,.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):,.2f} MiB"
+
+
+@dataclass
+class PartitionReport:
+    """A training graph's cut (compiler/passes/partition.py): what the forward saves for the backward."""
+    name: str            # joint_0, ...
+    partitioner: str     # min-cut | remat=False
+    saved_bytes: int     # activations kept between forward and backward (graph inputs are free)
+    no_remat_bytes: int  # what remat=False would keep
+    saved: list          # (value, bytes)
+    recomputed: list     # (value, op, bytes its recomputation saves, flops it adds)
+    rules: str = ""      # the recompute rules that made the cut (remat_budget may relax them)
+    budget: float | None = None
+
+    def __str__(self) -> str:
+        share = self.saved_bytes / self.no_remat_bytes if self.no_remat_bytes else 1.0
+        head = (f"{self.name} [{self.partitioner}]: saved_bytes={self.saved_bytes:,} ({_kb(self.saved_bytes)}, "
+                f"{share:.0%} of remat=False's {self.no_remat_bytes:,}) in {len(self.saved)} value(s)")
+        if self.budget is not None:
+            head += f", remat_budget={self.budget:g} (rules: {self.rules})"
+        if not self.recomputed:
+            return head + "; nothing recomputed"
+        flops = sum(r[3] for r in self.recomputed)
+        saving = [r for r in self.recomputed if r[2]]
+        items = ", ".join(f"{op} {v.split(' at ')[0]} (saves {b:,} B, +{f:,} flops)" for v, op, b, f in saving)
+        rest = len(self.recomputed) - len(saving)
+        return (head + f"; recomputed in backward: {len(self.recomputed)} op(s), +{flops:,} flops: {items}"
+                + (f", and {rest} op(s) they inline" if rest else ""))
+
+
 @dataclass
 class Report:
     graphs: list = field(default_factory=list)
     kernels: list = field(default_factory=list)
     eager: list = field(default_factory=list)   # what ran eagerly, and why
+    partitions: list = field(default_factory=list)  # training graphs: what the forward saves (PartitionReport)
+
+    @property
+    def saved_bytes(self) -> int:
+        """Activations the last training graph keeps between forward and backward."""
+        return self.partitions[-1].saved_bytes if self.partitions else 0
 
     def __str__(self) -> str:
         lines = [f"minicomp report: {len(self.graphs)} graph(s), {len(self.kernels)} kernel(s)"]
         lines += ["  " + str(g) for g in self.graphs]
+        lines += ["  " + str(p) for p in self.partitions]
         lines += ["  " + str(k) for k in self.kernels]
         lines += [f"  ran eagerly: {e}" for e in self.eager]
         return "\n".join(lines)

@@ -22,8 +22,8 @@ EAGER_VS_COMPILED = [
         "import torch.nn.functional as F\n"
         "import matplotlib.pyplot as plt\n\n"
         "import minicomp\n"
-        "from minicomp.bench import set_threads, time_interleaved\n"
-        "from minicomp.demo import Block\n\n"
+        "from minicomp.timing import set_threads, time_interleaved\n"
+        "from minicomp.models import Block\n\n"
         "torch.manual_seed(0)\n"
         "set_threads()"),
     new_markdown_cell(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
 import torch
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
@@ -28,8 +28,13 @@ from . import graph_cache
 from .debug import Dumper
 from .frontend import lower
 from .pipeline import run_passes
+from .training import make_partition
 
 _DECOMPOSITIONS = core_aten_decompositions()
+# layer_norm as its arithmetic: fused into one row kernel all the same, and in a training graph the
+# partitioner can then recompute its output from the saved mean and rstd (one torch op is recomputed
+# whole or not at all, and the whole op includes two reductions)
+_DECOMPOSITIONS.update(get_decompositions([torch.ops.aten.native_layer_norm.default]))
 # ATen's CPU flash-attention decomposition returns the attention weights where its backward expects
 # the logsumexp (it is meant for inference export); lower_nn.py lowers the op whole instead.
 _DECOMPOSITIONS.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
@@ -172,6 +177,20 @@ def _direct(run):
     return call
 
 
+def _partition_kernel_ops(options: Options):
+    """The kernel ops the partitioner's fusion rules use: those of the backend the joint graph's
+    inputs will run on (the `interpret` oracle partitions as `cpu` would, so it checks that cut)."""
+    def kernel_ops_for(joint_inputs):
+        from .backends import kernel_ops, resolve_backend
+        leaves = [x for x in joint_inputs if isinstance(x, torch.Tensor)] if isinstance(joint_inputs, (list, tuple)) else []
+        flat = [y for x in joint_inputs for y in (x if isinstance(x, (list, tuple)) else [x])
+                if isinstance(y, torch.Tensor)] if not leaves else leaves
+        device = "cuda" if any(x.device.type == "cuda" for x in flat) else "cpu"
+        ops, _ = kernel_ops(resolve_backend(options.backend, device))
+        return ops if ops is not None else kernel_ops("cpu")[0]
+    return kernel_ops_for
+
+
 def make_backend(options: Options, report: Report):
     """A Dynamo backend that compiles every captured graph with `options` into `report`. A graph
     found in the graph cache (graph_cache.py) skips AOTAutograd and lowering."""
@@ -187,7 +206,8 @@ def make_backend(options: Options, report: Report):
         state["compiled"] = compile_fx_graph(gm, example_inputs, options, report, "inference",
                                              cache_key=state["key"])
         return state["compiled"]
-    aot = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference, decompositions=_DECOMPOSITIONS)
+    aot = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference, decompositions=_DECOMPOSITIONS,
+                       partition_fn=make_partition(options, report, _partition_kernel_ops(options)))
 
     def backend(gm, example_inputs):
         key = graph_cache.graph_key(gm, example_inputs, options.strict)

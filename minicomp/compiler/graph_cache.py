@@ -51,8 +51,10 @@ def _sources_hash() -> str:
 
 
 def _safe_target(target) -> bool:
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if isinstance(target, torch._ops.OpOverload):
         return target.namespace in ("aten", "prims")
+    if isinstance(target, torch._ops.OpOverloadPacket):  # torch.ops.aten.foo called without an overload
+        return target._qualified_op_name.split("::")[0] in ("aten", "prims")
     if isinstance(target, torch._ops.OperatorBase):  # higher-order ops carry subgraphs
         return False
     module = getattr(target, "__module__", None) or ""

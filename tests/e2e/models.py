@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minicomp.models import MixerBlock
+
 
 class MLP(nn.Module):
     def __init__(self, d_in=16, d_hidden=32, d_out=8):
@@ -157,6 +159,7 @@ ZOO = {
     "attention": lambda: (CausalSelfAttention(), (torch.randn(2, 8, 32),)),
     "attention_sdpa": lambda: (CausalSelfAttention(sdpa=True), (torch.randn(2, 8, 32),)),
     "gpt_block": lambda: (GPTBlock(), (torch.randn(2, 8, 32),)),
+    "mixer": lambda: (MixerBlock(tokens=8, dim=32, expand=2), (torch.randn(2, 8, 32),)),
     "conv_bn_relu": lambda: (ConvBNReLU(), (torch.randn(2, 3, 8, 8),)),
     "small_cnn": lambda: (SmallCNN(), (torch.randn(2, 3, 12, 12),)),
     "pointwise_soup": lambda: (PointwiseSoup(), (torch.randn(3, 1, 16), torch.randn(5, 16))),

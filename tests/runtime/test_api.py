@@ -364,9 +364,10 @@ def test_torch_compile_backend_without_importing_minicomp():
 def test_debug_true_prints_one_summary_per_graph(capsys):
     assert_matches_eager(mlp(), torch.randn(2, 8, requires_grad=True), debug=True)
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("minicomp: ")]
-    assert len(lines) == 2
-    assert re.match(r"minicomp: forward_\d+ \[forward, interpret\]: \d+ fx nodes -> \d+ IR nodes", lines[0])
-    assert re.match(r"minicomp: backward_\d+ \[backward, interpret\]", lines[1])
+    assert len(lines) == 3  # the joint graph's cut, then the forward and backward it was cut into
+    assert re.match(r"minicomp: joint_\d+ \[min-cut\]: saved_bytes=\d+", lines[0])
+    assert re.match(r"minicomp: forward_\d+ \[forward, interpret\]: \d+ fx nodes -> \d+ IR nodes", lines[1])
+    assert re.match(r"minicomp: backward_\d+ \[backward, interpret\]", lines[2])
 
 
 def test_debug_level_2_from_the_environment_prints_ir_after_each_pass(capsys, monkeypatch):
@@ -382,9 +383,10 @@ def test_debug_level_2_from_the_environment_prints_ir_after_each_pass(capsys, mo
 
 
 def _check_dump(folder, n_graphs):
-    graphs = sorted(os.listdir(folder))
+    folders = sorted(os.listdir(folder))
+    assert [g[:4] for g in folders] == [f"{i:03d}_" for i in range(len(folders))]
+    graphs = [g for g in folders if "_joint_" not in g]  # a training graph's cut has a folder of its own
     assert len(graphs) == n_graphs
-    assert [g[:4] for g in graphs] == [f"{i:03d}_" for i in range(n_graphs)]
     for g in graphs:
         files = sorted(os.listdir(os.path.join(folder, g)))
         assert all(re.fullmatch(r"\d\d_\w+\.txt", f) for f in files), files
@@ -400,8 +402,17 @@ def _check_dump(folder, n_graphs):
 def test_debug_path_dumps_numbered_files_per_graph(tmp_path, capsys):
     assert_matches_eager(mlp(), torch.randn(2, 8, requires_grad=True), debug=str(tmp_path))
     graphs = _check_dump(tmp_path, 2)
-    assert re.fullmatch(r"000_forward_\d+", graphs[0]) and re.fullmatch(r"001_backward_\d+", graphs[1])
+    assert re.fullmatch(r"001_forward_\d+", graphs[0]) and re.fullmatch(r"002_backward_\d+", graphs[1])
     assert "class GraphModule" in (tmp_path / graphs[0] / "00_fx.txt").read_text()
+    # the joint graph, the cut and the two graphs it was cut into
+    joint, = [g for g in sorted(os.listdir(tmp_path)) if "_joint_" in g]
+    assert joint.startswith("000_")
+    stages = [f[3:-4] for f in sorted(os.listdir(tmp_path / joint))]
+    assert stages == ["fx", "ir", "cut", "ir_forward", "ir_backward"]
+    cut = (tmp_path / joint / "02_cut.txt").read_text()
+    assert "saved (" in cut and "recomputed in backward:" in cut
+    for f in ("01_ir.txt", "03_ir_forward.txt", "04_ir_backward.txt"):
+        parse((tmp_path / joint / f).read_text())
 
 
 def test_dump_dir_from_the_environment(tmp_path, monkeypatch):

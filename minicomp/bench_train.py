@@ -1,0 +1,161 @@
+"""Training steps: eager vs minicomp (rematerialization on and off) vs torch.compile (Inductor),
+and the activation bytes each partition keeps between forward and backward.
+
+A step is forward, an MSE loss, backward and an AdamW step (torch's own optimizer for every
+contender: only the model is compiled). Each contender trains its own copy of the model, timed
+interleaved like the inference table (timing.py). Saved bytes use one meter for all three
+partitions (compiler/passes/partition.py saved_bytes: graph inputs free, storage counted once):
+minicomp's min cut, remat=False, and PyTorch's own min-cut partitioner
+(torch._functorch.partitioners.min_cut_rematerialization_partition) run on the same joint graph.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+import minicomp
+from minicomp.bench_cases import Case, make_train_case
+from minicomp.timing import grid, set_threads, time_interleaved
+
+TOLERANCE = 1e-4  # max abs gradient error after one step, relative to max(1, max |eager gradient|)
+
+
+def torch_min_cut_bytes(model, inputs) -> int | None:
+    """The saved bytes of PyTorch's min-cut partition of the joint graph minicomp would get (same
+    Dynamo graph, same decompositions), measured with minicomp's meter; None where it fails."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from minicomp.compiler.capture import _DECOMPOSITIONS
+    from minicomp.compiler.training import saved_bytes_of
+    found = []
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs, **kw):
+        measured = copy.deepcopy(joint)
+        fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
+        outputs = fw.graph.find_nodes(op="output")[0].args[0][num_fwd_outputs:]
+        found.append(saved_bytes_of(measured, [o.name for o in outputs if isinstance(o, torch.fx.Node)]))
+        return fw, bw
+    backend = aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g), bw_compiler=lambda g, _: make_boxed_func(g),
+                           partition_fn=partition, decompositions=_DECOMPOSITIONS)
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(copy.deepcopy(model), backend=backend)(*inputs)
+        out.sum().backward()
+    except Exception:
+        return None
+    finally:
+        torch._dynamo.reset()
+    return sum(found) if found else None
+
+
+def _stepper(model, fn, inputs, target):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = F.mse_loss(fn(*inputs), target)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def _grads_after_one_step(model, fn, inputs, target):
+    loss = F.mse_loss(fn(*inputs), target)
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters()], loss.item()
+
+
+def bench_train_case(name: str, backend: str, reps: int, quick: bool) -> dict:
+    case: Case = make_train_case(name, quick)
+    torch.manual_seed(0)
+    target = torch.randn_like(case.fn(*case.inputs)).detach()
+    models = {k: copy.deepcopy(case.fn) for k in ("eager", "minicomp", "noremat", "inductor")}
+    torch._dynamo.reset()
+    fns = {"eager": models["eager"], "minicomp": minicomp.compile(models["minicomp"], backend=backend),
+           "noremat": minicomp.compile(models["noremat"], backend=backend, remat=False)}
+    t0 = time.perf_counter()
+    grads, loss = _grads_after_one_step(models["minicomp"], fns["minicomp"], case.inputs, target)
+    compile_s = time.perf_counter() - t0
+    want, loss_e = _grads_after_one_step(models["eager"], fns["eager"], case.inputs, target)
+    _grads_after_one_step(models["noremat"], fns["noremat"], case.inputs, target)
+    notes = []
+    try:
+        fns["inductor"] = torch.compile(models["inductor"])
+        t0 = time.perf_counter()
+        _grads_after_one_step(models["inductor"], fns["inductor"], case.inputs, target)
+        inductor_s = time.perf_counter() - t0
+    except Exception as e:  # a machine without a C++ compiler: still show eager vs minicomp
+        inductor_s = None
+        fns.pop("inductor")
+        notes.append(f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+    scale = max(1.0, max(g.abs().max().item() for g in want))
+    err = max(max((a - b).abs().max().item() for a, b in zip(grads, want)), abs(loss - loss_e))
+    parts = fns["minicomp"].report().partitions
+    ours = sum(p.saved_bytes for p in parts)
+    no_remat = sum(p.no_remat_bytes for p in parts)
+    torch_cut = torch_min_cut_bytes(case.fn, case.inputs)
+    notes += [f"ran eagerly: {e}" for e in fns["minicomp"].report().eager]
+    steps = {k: _stepper(models[k], fn, case.inputs, target) for k, fn in fns.items()}
+    t = time_interleaved(steps, reps)
+    ind = t.get("inductor")
+    return {
+        "case": name, "shape": case.shape,
+        "eager_ms": t["eager"] * 1e3, "minicomp_ms": t["minicomp"] * 1e3, "noremat_ms": t["noremat"] * 1e3,
+        "inductor_ms": ind * 1e3 if ind else None,
+        "vs_eager": t["minicomp"] / t["eager"], "vs_inductor": t["minicomp"] / ind if ind else None,
+        "vs_noremat": t["minicomp"] / t["noremat"],
+        "saved_kib": ours / 1024, "noremat_kib": no_remat / 1024,
+        "torch_kib": torch_cut / 1024 if torch_cut is not None else None,
+        "saved_share": ours / no_remat if no_remat else math.nan,
+        "vs_torch_cut": ours / torch_cut if torch_cut else None,
+        "compile_s": compile_s, "inductor_compile_s": inductor_s,
+        "max_abs_err": err, "ok": err <= TOLERANCE * scale, "notes": notes,
+    }
+
+
+COLUMNS = [  # (header, row key, format)
+    ("training case", "case", "{}"), ("shape", "shape", "{}"),
+    ("eager ms", "eager_ms", "{:.3f}"), ("minicomp ms", "minicomp_ms", "{:.3f}"),
+    ("remat=False ms", "noremat_ms", "{:.3f}"), ("inductor ms", "inductor_ms", "{:.3f}"),
+    ("mc/eager", "vs_eager", "{:.2f}"), ("mc/inductor", "vs_inductor", "{:.2f}"), ("mc/no-remat", "vs_noremat", "{:.2f}"),
+    ("saved KiB", "saved_kib", "{:,.0f}"), ("remat=False KiB", "noremat_kib", "{:,.0f}"),
+    ("torch min-cut KiB", "torch_kib", "{:,.0f}"), ("saved/no-remat", "saved_share", "{:.0%}"),
+    ("saved/torch", "vs_torch_cut", "{:.2f}"),
+    ("compile s", "compile_s", "{:.2f}"), ("inductor s", "inductor_compile_s", "{:.2f}"),
+    ("max abs err", "max_abs_err", "{:.1e}"),
+]
+
+
+def geomean(xs) -> float:
+    xs = [x for x in xs if x is not None and x == x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+def run_train(cases, backend: str = "auto", reps: int | None = None, quick: bool = False) -> list:
+    set_threads()
+    reps = reps or (7 if quick else 30)
+    return [bench_train_case(name, backend, reps, quick) for name in cases]
+
+
+def format_train_table(rows: list) -> str:
+    out = grid(rows, COLUMNS)
+    good = [r for r in rows if r["ok"]]
+    out.append(f"geomean over {len(good)} correct training case(s): mc/eager {geomean(r['vs_eager'] for r in good):.2f}, "
+               f"mc/inductor {geomean(r['vs_inductor'] for r in good):.2f}, mc/no-remat "
+               f"{geomean(r['vs_noremat'] for r in good):.2f}; saved/no-remat {geomean(r['saved_share'] for r in good):.0%}, "
+               f"saved/torch min-cut {geomean(r['vs_torch_cut'] for r in good):.2f}")
+    out.append("a step = forward, MSE loss, backward, AdamW step (torch's, for every contender); saved KiB = activations kept "
+               "between forward and backward (graph inputs free), one meter for minicomp's cut, remat=False and PyTorch's "
+               "min-cut partitioner on the same joint graph; compile s = the first step")
+    out += [f"{r['case']}: {n}" for r in rows for n in r["notes"]]
+    wrong = [r["case"] for r in rows if not r["ok"]]
+    if wrong:
+        out.append(f"WRONG (gradient error above {TOLERANCE:g} x max(1, max|eager grad|)): {', '.join(wrong)}")
+    return "\n".join(out)

@@ -1,0 +1,230 @@
+"""AOTAutograd's partition step, done by minicomp: the joint fx graph -> our IR -> the min cut
+(passes/partition.py) -> fx forward and backward modules, which then compile like any graph.
+
+The cut is decided on our IR, where fusion rules and the op table live; the fx modules are cut
+from the joint fx graph at the same values (each IR value a saved set names is the lowering of one
+fx node), by AOTAutograd's own extraction, so its runtime wrapper (saved tensors, version checks)
+stays as it is. The backward module is reordered so each recomputed value sits right before its
+first user, where our scheduler fuses it into the backward kernel that runs there. Joint graphs
+this cannot vouch for (symbolic sizes, opaque objects, collectives, higher-order ops, a lowering
+error) take AOTAutograd's default partition, and the report says so.
+"""
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_leaves as pytree_leaves
+from torch._functorch import partitioners
+
+from ..errors import MinicompError
+from ..ir import OPS, Node
+from ..options import Options
+from ..report import PartitionReport, Report
+from .debug import Dumper
+from .frontend import Lowerer
+from .passes import partition
+
+log = logging.getLogger("minicomp")
+_names = itertools.count()
+
+
+def _unsupported(joint: fx.GraphModule) -> str | None:
+    """Why minicomp's partition cannot take this joint graph (None: it can)."""
+    for n in joint.graph.nodes:
+        val = n.meta.get("val")
+        if n.op == "placeholder" and not isinstance(val, torch.Tensor):
+            return f"input {n.name} is {type(val).__name__}, not a tensor"
+        if n.op != "call_function":
+            continue
+        if isinstance(n.target, torch._ops.HigherOrderOperator):
+            return f"higher-order op {n.target}"
+        if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace in ("_c10d_functional", "c10d"):
+            return f"collective {n.target}"
+        leaves = val if isinstance(val, (tuple, list)) else (val,)
+        if not all(v is None or isinstance(v, torch.Tensor) for v in leaves):
+            return f"{n.target} returns {type(val).__name__}"
+        if any(isinstance(s, torch.SymInt) for v in leaves if isinstance(v, torch.Tensor) for s in v.shape):
+            return "symbolic shapes"
+    return None
+
+
+def _must_save(fx_node) -> bool:
+    from torch.utils.checkpoint import CheckpointPolicy
+    return fx_node is not None and (fx_node.meta.get("recompute") in (CheckpointPolicy.MUST_SAVE,
+                                                                      CheckpointPolicy.PREFER_SAVE)
+                                    or torch.Tag.nondeterministic_seeded in getattr(fx_node.target, "tags", ()))
+
+
+def _must_recompute(fx_node) -> bool:
+    from torch.utils.checkpoint import CheckpointPolicy
+    return fx_node is not None and fx_node.meta.get("recompute") == CheckpointPolicy.MUST_RECOMPUTE
+
+
+def lower_joint(joint: fx.GraphModule, name: str):
+    """(IR joint graph, {IR node: the first fx node it is the value of}, {fx name: IR node})."""
+    lw = Lowerer(joint, name, strict=False)
+    graph = lw.run()
+    rep, value = {}, {}
+    for fx_node, v in lw.env.items():
+        if isinstance(v, Node):  # a tuple (a multi-result op) is reached through its getitem nodes
+            rep.setdefault(v, fx_node)
+            value[fx_node.name] = v
+    return graph, rep, value
+
+
+def saved_bytes_of(joint: fx.GraphModule, saved_names) -> int:
+    """partition.saved_bytes of the saved set another partitioner chose on `joint` (fx node names):
+    the same meter as minicomp's own report (the benchmark compares torch's min cut with ours)."""
+    _, _, value = lower_joint(joint, "measure")
+    return partition.saved_bytes([value[n] for n in saved_names if n in value])
+
+
+def _extract(joint: fx.GraphModule, saved: list, num_fwd_outputs: int, static_nodes):
+    """AOTAutograd's extraction of the forward and backward modules for a saved set (its keyword
+    arguments differ between torch releases)."""
+    fn = partitioners._extract_fwd_bwd_modules
+    kw = {"num_fwd_outputs": num_fwd_outputs}
+    if "static_lifetime_input_nodes" in inspect.signature(fn).parameters:
+        kw["static_lifetime_input_nodes"] = static_nodes
+    fw, bw = fn(joint, saved, saved_sym_nodes=[], **kw)
+    fw.graph.eliminate_dead_code()
+    bw.graph.eliminate_dead_code()
+    return fw, sink_recomputed(bw)
+
+
+def _closed(joint: fx.GraphModule, saved: list, num_fwd_outputs: int) -> list:
+    """`saved` plus the primal inputs the backward reaches without passing a saved value: our IR
+    can know a value is a constant where the fx graph still reads an input for it (the softmax of
+    a 0-d tensor is 1), and AOTAutograd's extraction needs every input the backward reads saved."""
+    keep = set(saved)
+    grads = joint.graph.find_nodes(op="output")[0].args[0]
+    stack = [g for g in pytree_leaves(grads[num_fwd_outputs:]) if isinstance(g, fx.Node)]
+    seen, extra = set(), []
+    while stack:
+        n = stack.pop()
+        if n in seen or n in keep:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            if "tangents" not in n.name:
+                extra.append(n)
+            continue
+        stack.extend(n.all_input_nodes)
+    return list(saved) + sorted(extra, key=lambda n: n.name)
+
+
+def sink_recomputed(bw: fx.GraphModule) -> fx.GraphModule:
+    """Move every node that does not depend on a tangent (the recomputed forward values) to just
+    before its first user; the rest keeps its order."""
+    nodes = list(bw.graph.nodes)
+    tangent = set()
+    for n in nodes:
+        if (n.op == "placeholder" and "tangents" in n.name) or any(a in tangent for a in n.all_input_nodes):
+            tangent.add(n)
+    movable = {n for n in nodes if n.op == "call_function" and n not in tangent}
+    placed, order = set(), []
+
+    def emit(n):
+        stack = [(n, False)]
+        while stack:
+            x, ready = stack.pop()
+            if x in placed:
+                continue
+            if ready:
+                placed.add(x)
+                order.append(x)
+                continue
+            stack.append((x, True))
+            stack.extend((a, False) for a in reversed(x.all_input_nodes) if a in movable and a not in placed)
+    for n in nodes:
+        if n not in movable:
+            emit(n)
+    for n in nodes:
+        if n not in placed:
+            emit(n)
+    prev = None
+    for n in order:
+        if prev is not None and prev.next is not n:
+            prev.append(n)
+        prev = n
+    bw.graph.lint()
+    bw.recompile()
+    return bw
+
+
+def _static_nodes(joint: fx.GraphModule, indices):
+    placeholders = joint.graph.find_nodes(op="placeholder")
+    return {placeholders[i] for i in (indices or []) if i < len(placeholders)}
+
+
+def _default(joint, joint_inputs, num_fwd_outputs, static_indices, report: Report, why: str):
+    msg = f"training graph partitioned by AOTAutograd's default (every forward value the backward uses is saved): {why}"
+    log.warning("minicomp: %s", msg)
+    if msg not in report.eager:
+        report.eager.append(msg)
+    return partitioners.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                          static_lifetime_input_indices=static_indices)
+
+
+def make_partition(options: Options, report: Report, kernel_ops_for):
+    """AOTAutograd's `partition_fn`: minicomp's min cut for the joint graphs it compiles.
+    `kernel_ops_for(joint_inputs)`: the ops the backend that will run them has kernels for."""
+    def partition_fn(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices=None, **_):
+        why = _unsupported(joint)
+        if why is None:
+            try:
+                return run(joint, num_fwd_outputs, options, report, kernel_ops_for(joint_inputs),
+                           _static_nodes(joint, static_lifetime_input_indices))
+            except MinicompError as e:
+                if "remat_budget" in str(e):
+                    raise
+                why = str(e).splitlines()[0]
+        return _default(joint, joint_inputs, num_fwd_outputs, static_lifetime_input_indices, report, why)
+    return partition_fn
+
+
+def run(joint: fx.GraphModule, num_fwd_outputs: int, options: Options, report: Report, kernel_ops,
+        static_nodes=frozenset()):
+    """Cut `joint` with the min cut; returns AOTAutograd's (forward module, backward module)."""
+    name = f"joint_{next(_names)}"
+    dump = Dumper(options, name)
+    dump.stage("fx", lambda: joint.print_readable(print_output=False), level=3)
+    graph, rep, _ = lower_joint(joint, name)
+    dump.stage("ir", graph.__str__)
+
+    def fx_of(n):
+        return rep.get(n)
+
+    def names(n):
+        f = fx_of(n)
+        src = n.meta.get("source")
+        return (f.name if f is not None else n.op) + (f" at {src}" if src and n.op != "input" else "")
+    kw = dict(saveable=lambda n: fx_of(n) is not None, names=names,
+              must_save=lambda n: _must_save(fx_of(n)), must_recompute=lambda n: _must_recompute(fx_of(n)),
+              group=lambda n: n.meta.get("fx") if n.op != "input" else None)
+    ours = partition.cut(graph, num_fwd_outputs, kernel_ops, remat=options.remat, budget=options.remat_budget, **kw)
+    baseline = ours if not options.remat else partition.cut(graph, num_fwd_outputs, kernel_ops, remat=False, **kw)
+    dump.stage("cut", lambda: ours.describe(names))
+    if dump.dir:
+        fw_ir, bw_ir = partition.split(graph, num_fwd_outputs, ours.saved, ours.in_backward)
+        dump.stage("ir_forward", fw_ir.__str__)
+        dump.stage("ir_backward", bw_ir.__str__)
+    fw, bw = _extract(joint, _closed(joint, [fx_of(n) for n in ours.saved], num_fwd_outputs), num_fwd_outputs,
+                      static_nodes)
+    baseline_set = set(baseline.saved)
+    recomputed = [(names(n), n.op, partition.nbytes(n) if n in baseline_set else 0, int(n.type.numel * _cost(n)))
+                  for n in ours.recomputed if n.op in OPS and OPS[n.op].category not in ("view", "creation")]
+    report.partitions.append(PartitionReport(
+        name, "min-cut" if options.remat else "remat=False", ours.saved_bytes, baseline.saved_bytes,
+        [(names(n), partition.nbytes(n)) for n in ours.saved], recomputed, ours.level, options.remat_budget))
+    dump.summary(str(report.partitions[-1]))
+    return fw, bw
+
+
+def _cost(n) -> float:
+    """Flops per element of recomputing n (the op table's cost weights)."""
+    return OPS[n.op].cost if n.op in OPS and OPS[n.op].category in ("pointwise", "reduction") else 0.0
