@@ -10,6 +10,8 @@ value at the same index is built once (CSE inside a kernel for free).
 """
 from __future__ import annotations
 
+import math
+
 from ..ir import OPS, Node
 from ..ir.index import Expr, Var, data, linear, unravel
 from ..ir.kernel import Buffer, Kernel, KExpr, Reduction, Store, walk
@@ -22,6 +24,20 @@ FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
 def _where(node: Node) -> str:
     """The op and the user's source line, for run-time errors a kernel reports."""
     return f"{node.op} at {node.meta['source']}" if node.meta.get("source") else node.op
+
+
+def prefix_reshape(a, b) -> bool:
+    """Whether shapes a and b are reshapes of each other that keep their trailing dims: a = A + T,
+    b = B + T, prod(A) == prod(B), T holding at least the last dim. One loop nest then serves both
+    with the innermost (vectorized) dims indexed alike; the division and modulo a reshape costs
+    fall on the outer loops only."""
+    a, b = tuple(a), tuple(b)
+    if not a or not b or math.prod(a) != math.prod(b) or math.prod(a) == 0:
+        return False
+    t = 0
+    while t < min(len(a), len(b)) and a[-1 - t] == b[-1 - t]:
+        t += 1
+    return t > 0 and math.prod(a[:len(a) - t]) == math.prod(b[:len(b) - t])
 
 
 class NotFusable(Exception):
@@ -82,7 +98,17 @@ class KernelBuilder:
             return "inner" if self.reduce_dims else "outer"
         if self.reduce_dims and self.outer_idx(node.type.shape) is not None:
             return "outer"
+        if self.reshaped_idx(node.type.shape) is not None:
+            return "inner" if self.reduce_dims else "outer"
         return None
+
+    def reshaped_idx(self, shape) -> list | None:
+        """The kernel's full index laid out in another shape of as many elements: the domain read as
+        a reshape (a Linear's [B*T, C] result and its [B, T, C] view are one loop nest; a column sum
+        split into [P, R/P, C] partials and the [R, C] value it sums too)."""
+        if tuple(shape) == self.shape or not prefix_reshape(shape, self.shape):
+            return None
+        return unravel(linear(self.full_idx, self.shape), shape)
 
     # -- expression building -----------------------------------------------------------------------
     def mk(self, op, args=(), dtype=None, /, **attrs) -> KExpr:
@@ -233,7 +259,12 @@ class KernelBuilder:
         level = self.level_of(node)
         if level is None:
             raise NotFusable(node, f"shape {node.type.shape} does not fit the kernel's {self.shape}")
-        idx = self.full_idx if level == "inner" or not self.reduce_dims else self.outer_idx(node.type.shape)
+        if node.type.shape == self.shape:
+            idx = self.full_idx
+        elif level == "inner" or not self.reduce_dims:
+            idx = self.reshaped_idx(node.type.shape)
+        else:
+            idx = self.outer_idx(node.type.shape)
         self.own.add(node)
         try:
             value = self.value(node, idx)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import OPS, Graph, Node
-from .kernelize import KernelBuilder, NotFusable
+from .kernelize import KernelBuilder, NotFusable, prefix_reshape
 
 TORCH_CATEGORIES = ("matmul", "extern", "tuple")
 VIEW_OPS = ("reshape", "permute", "expand", "slice")
@@ -135,16 +135,18 @@ class Scheduler:
             b = self.steps[i].builder
             if (b.shape, b.reduce_dims) == (shape, dims) and self._try(i, node, add):
                 return
-            if b.shape == shape and not b.reduce_dims and self._convert(i, dims) and self._try(i, node, add):
+            if (not b.reduce_dims and (b.shape == shape or prefix_reshape(b.shape, shape))
+                    and self._convert(i, shape, dims) and self._try(i, node, add)):
                 return
             self.refusals.setdefault((node, b.name), f"kernel {b.name} iterates {b.shape} over dims "
                                                      f"{b.reduce_dims}, not {shape} over {dims}")
         self._new_kernel(node, shape, dims, add)
 
-    def _convert(self, i: int, dims) -> bool:
-        """Re-open a pointwise kernel as a row kernel reducing `dims` (its stores become inner stores)."""
+    def _convert(self, i: int, shape, dims) -> bool:
+        """Re-open a pointwise kernel as a row kernel over `shape` (as many elements as its own, a
+        reshape of it) reducing `dims`: its stores become inner stores."""
         old = self.steps[i]
-        nb = KernelBuilder(old.builder.name, old.builder.shape, dims, self.has_buffer, self.order)
+        nb = KernelBuilder(old.builder.name, shape, dims, self.has_buffer, self.order)
         try:
             for r in old.roots:
                 nb.add_store(r)

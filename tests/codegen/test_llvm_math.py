@@ -186,3 +186,14 @@ def test_declare_math_caches_and_inlines():
     assert len(declare_math(mod, "pow").args) == 2
     with pytest.raises(KeyError):
         declare_math(mod, "no_such_fn")
+
+
+def test_exp_underflow_is_exactly_zero(jit):
+    """Below ln(2^-150) exp, sigmoid's e^-|x| and erfc's tail are 0 exactly: computed without the
+    multiply that would underflow (a microcode assist per lane on x86: a masked softmax hits it for
+    every masked score)."""
+    x = np.array([-np.inf, -1e4, -106.0, -105.0, -104.0], np.float32)
+    assert (jit("exp", x) == 0).all() and not np.signbit(jit("exp", x)).any()
+    assert (jit("sigmoid", -x[1:]) == 1).all() and (jit("sigmoid", x[1:]) == 0).all()
+    near = np.array([-103.9, -100.0, -88.0], np.float32)  # true denormals are still computed
+    np.testing.assert_array_equal(jit("exp", near), torch.exp(torch.from_numpy(near)).numpy())

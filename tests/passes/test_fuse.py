@@ -248,3 +248,30 @@ def test_a_column_sum_of_a_stored_value_runs_in_torch():
     sums = [n for n in fused.nodes if n.op == "sum"]
     assert len(sums) == 1 and sums[0].args[0].op == "getitem"  # the torch sum reads %0's buffer
     assert any("exp sum" in k.attrs["fused"] for k in kernels(fused))
+
+
+LINEAR_GELU = """graph f(%x: f32[8,16], %b: f32[16]) -> (f32[8,16], f32[2,4,16]) {
+  %0: f32[8,16] = add %x %b
+  %1: f32[2,4,16] = reshape %0 [shape=(2, 4, 16)]
+  %2: f32[2,4,16] = gelu %1 [approximate="none"]
+  return %0, %2
+}
+"""
+
+
+def test_a_value_and_a_reshape_of_it_share_one_loop_nest():
+    """A Linear's [B*T, C] result (stored: the backward needs it) and the GELU of its [B, T, C] view:
+    one kernel over one domain, the reshape being index math on the outer loops only."""
+    fused, _ = compile_text(LINEAR_GELU)
+    ks = kernels(fused)
+    assert len(ks) == 1 and ks[0].meta["kernel"].ops == ["add", "gelu"]
+    agree(LINEAR_GELU, fused)
+
+
+@pytest.mark.parametrize("a, b, ok", [
+    ((256, 512), (4, 64, 512), True), ((8, 4, 16), (32, 16), True), ((64, 16, 256), (8, 128, 256), True),
+    ((8, 64, 128), (8, 128, 64), False),  # a transpose in disguise: the innermost dim differs
+    ((4, 6), (6, 4), False), ((0, 4), (0, 4, 1), False), ((12,), (3, 4), False)])
+def test_prefix_reshape(a, b, ok):
+    from minicomp.compiler.kernelize import prefix_reshape
+    assert prefix_reshape(a, b) is ok and prefix_reshape(b, a) is ok

@@ -77,3 +77,51 @@ def test_full_reductions_match_eager_and_spread_over_rows(backend):
     sin = [k for k in c.report().kernels if "sin" in k.ops]
     # one kernel reads x once for 256 partial sums of sin(x) and 256 partial maxima of x
     assert [(k.ops, k.bytes_written) for k in sin] == [(["sin", "sum", "amax"], 2 * 256 * 4)]
+
+
+def test_a_column_sum_to_few_columns_splits_its_rows():
+    """dy.sum((0, 1)) of a computed value (a bias gradient): [R, K] -> [P, R/P, K] partials, then P."""
+    check_pass(split, """
+        graph g(%x: f32[8,128,256], %y: f32[8,128,256]) -> (f32[256]) {
+          %0: f32[8,128,256] = mul %x %y
+          %1: f32[256] = sum %0 [dims=(0, 1), keepdim=false]
+          return %1
+        }
+    """, """
+        graph g(%x: f32[8,128,256], %y: f32[8,128,256]) -> (f32[256]) {
+          %0: f32[8,128,256] = mul %x %y
+          %1: f32[64,16,256] = reshape %0 [shape=(64, 16, 256)]
+          %2: f32[64,256] = sum %1 [dims=(1,), keepdim=false]
+          %3: f32[256] = sum %2 [dims=(0,), keepdim=false]
+          %4: f32[256] = reshape %3 [shape=(256,)]
+          return %4
+        }
+    """)
+
+
+@pytest.mark.parametrize("text", [
+    # the summed value is an input (stored anyway: torch's reduction streams it faster)
+    "graph g(%x: f32[1024,256]) -> (f32[256]) {\n  %0: f32[256] = sum %x [dims=(0,), keepdim=false]\n  return %0\n}\n",
+    # ... or a graph output
+    "graph g(%x: f32[1024,256]) -> (f32[1024,256], f32[256]) {\n  %0: f32[1024,256] = exp %x\n"
+    "  %1: f32[256] = sum %0 [dims=(0,), keepdim=false]\n  return %0, %1\n}\n",
+    # many columns: parallel work enough
+    "graph g(%x: f32[64,8192]) -> (f32[8192]) {\n  %0: f32[64,8192] = exp %x\n"
+    "  %1: f32[8192] = sum %0 [dims=(0,), keepdim=false]\n  return %1\n}\n",
+])
+def test_column_sums_left_alone(text):
+    assert str(split(parse(text))) == text
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_split_column_sum_fuses_with_its_producer_and_matches_eager(backend):
+    x, y = torch.randn(8, 128, 256), torch.randn(8, 128, 256)
+
+    def f(x, y):
+        h = torch.sigmoid(x) * y
+        return h * 2, h.sum((0, 1))  # the value stored and its column sum: one kernel
+    c = minicomp.compile(f, backend=backend)
+    for g, w in zip(c(x, y), f(x, y), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-4)
+    big = [k for k in c.report().kernels if "sigmoid" in k.ops]
+    assert len(big) == 1 and "sum" in big[0].ops and big[0].bytes_read == 2 * x.numel() * 4

@@ -1,15 +1,20 @@
-"""Split reductions: a reduction of a big tensor to one value becomes two levels.
+"""Split reductions: a reduction to few values of many elements becomes two levels.
 
 A row kernel runs its rows in parallel (threads on the CPU, blocks on the GPU); a full reduction --
 a loss, a norm, `x.sum()` -- is one row, so it would run on one thread or one block. Reduced as
 P rows of N/P first (the reshape is index math; a pointwise producer still fuses into that kernel)
 and then once more over the P partials, it spreads over the machine. Inductor does the same.
+A reduction over the leading dims to few columns -- a bias gradient, `dy.sum((0, 1))` -- has the
+same problem: its columns are its only parallel work. Its rows are split the same way: [R, K] ->
+[P, R/P, K], summed over R/P (P*K parallel columns), then over P.
 
 Assumes: a graph before fusion. Only for backends that generate kernels (ctx.kernel_ops not None),
 only sum/prod/amax/amin (associative, NaN propagates through both levels) of f32/f64 and integers:
 f16/bf16 partials would round before the second level, where one level rounds once.
 Guarantees: the result's type is unchanged; reductions of fewer than MIN_ELEMENTS elements, or whose
-element count has no divisor in [MIN_PARTS, MAX_PARTS], are left alone.
+element count has no divisor in [MIN_PARTS, MAX_PARTS], are left alone; so is a column reduction
+of a value stored anyway (an input, a torch op's result or operand, a graph output), which runs in
+torch (compiler/schedule.py column_sum_in_torch).
 """
 from __future__ import annotations
 
@@ -21,20 +26,61 @@ OPS = ("sum", "prod", "amax", "amin")
 DTYPES = ("f32", "f64", "i64", "i32", "i16", "i8", "u8")
 MIN_ELEMENTS = 1 << 16
 MAX_PARTS, MIN_PARTS = 256, 16
+COLUMN_MAX_OUTPUTS = 4096          # a column reduction to more columns has parallel work enough
+COLUMN_MAX_PARTS, COLUMN_MIN_ROWS = 64, 16
 
 
-def parts(n: int):
-    """The most rows (at most MAX_PARTS, at least MIN_PARTS) that split n elements evenly."""
-    return next((p for p in range(MAX_PARTS, MIN_PARTS - 1, -1) if n % p == 0), None)
+def parts(n: int, most: int = MAX_PARTS, least: int = MIN_PARTS):
+    """The most rows (at most `most`, at least `least`) that split n elements evenly."""
+    return next((p for p in range(most, least - 1, -1) if n % p == 0), None)
+
+
+def _stored_anyway(graph: Graph, ctx) -> set:
+    from ..schedule import runs_in_torch
+    out = {o for o in graph.outputs if o is not None}
+    for n in graph.nodes:
+        if runs_in_torch(n, ctx.kernel_ops):
+            out.update(n.args)
+            out.add(n)
+    return out
+
+
+def _split_columns(n: Node, stored: set, ctx) -> list | None:
+    """[R..., K...] reduced over its leading dims -> [P, R/P, K] partials over R/P, then over P."""
+    from ..schedule import runs_in_torch
+    x = n.args[0]
+    dims, shape = tuple(sorted(n.attrs["dims"])), x.type.shape
+    k = len(dims)
+    if not 0 < k < len(shape) or dims != tuple(range(k)):
+        return None
+    rows, cols = math.prod(shape[:k]), math.prod(shape[k:])
+    if cols > COLUMN_MAX_OUTPUTS or rows * cols < MIN_ELEMENTS or x.op in ("input", "constant") or x in stored \
+            or runs_in_torch(x, ctx.kernel_ops):
+        return None
+    p = parts(rows, COLUMN_MAX_PARTS, 2)
+    if p is None or rows // p < COLUMN_MIN_ROWS:
+        return None
+    dt = n.type.dtype
+    grid = Node("reshape", [x], {"shape": (p, rows // p, cols)}, TensorType((p, rows // p, cols), dt), meta=n.meta)
+    partial = Node(n.op, [grid], {"dims": (1,), "keepdim": False}, TensorType((p, cols), dt), meta=n.meta)
+    total = Node(n.op, [partial], {"dims": (0,), "keepdim": False}, TensorType((cols,), dt), meta=n.meta)
+    return [grid, partial, total, Node("reshape", [total], {"shape": n.type.shape}, n.type, meta=n.meta)]
 
 
 def run(graph: Graph, ctx) -> Graph:
     if ctx.kernel_ops is None:
         return graph
     nodes, replace = [], {}
+    stored = _stored_anyway(graph, ctx)
     for n in graph.nodes:
         nodes.append(n)
-        if n.op not in OPS or n.type.dtype not in DTYPES or math.prod(n.type.shape) != 1:
+        if n.op not in OPS or n.type.dtype not in DTYPES:
+            continue
+        if math.prod(n.type.shape) != 1:
+            split = _split_columns(n, stored, ctx)
+            if split is not None:
+                nodes[-1:] = split
+                replace[n] = split[-1]
             continue
         x = n.args[0]
         numel = math.prod(x.type.shape)
