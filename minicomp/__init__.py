@@ -2,6 +2,7 @@
 IR, fusion and code generators, and matches eager PyTorch. See README.md and DESIGN.md."""
 from .api import CompiledModule, compile
 from .errors import MinicompError, UnsupportedOpError
+from .explain import Explanation, explain
 from .report import Report
 
 __version__ = "0.1.0"
@@ -16,4 +17,5 @@ def _register_dynamo_backend():
 
 _register_dynamo_backend()
 
-__all__ = ["compile", "CompiledModule", "MinicompError", "UnsupportedOpError", "Report", "__version__"]
+__all__ = ["compile", "explain", "CompiledModule", "Explanation", "MinicompError", "UnsupportedOpError", "Report",
+           "__version__"]

@@ -161,8 +161,18 @@ def run_bench(cases=None, backend: str = "auto", reps: int | None = None, quick:
     set_threads()
     reps = reps or (7 if quick else 30)
     copy_elems = (8 << 20) if quick else (32 << 20)
+    names = list(cases or CASE_NAMES)
+    rows = []
     with torch.no_grad():
-        return [bench_case(name, backend, reps, quick, copy_elems, device) for name in (cases or CASE_NAMES)]
+        for i, name in enumerate(names, 1):
+            progress(f"[{i}/{len(names)}] {name}: compiling (minicomp, then torch.compile), then {reps} interleaved rounds")
+            rows.append(bench_case(name, backend, reps, quick, copy_elems, device))
+    return rows
+
+
+def progress(message: str) -> None:
+    """The benchmark's progress, on stderr (the table goes to stdout)."""
+    print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
 def geomean(xs) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import time
 
 import torch
@@ -141,7 +142,12 @@ def geomean(xs) -> float:
 def run_train(cases, backend: str = "auto", reps: int | None = None, quick: bool = False) -> list:
     set_threads()
     reps = reps or (7 if quick else 30)
-    return [bench_train_case(name, backend, reps, quick) for name in cases]
+    rows = []
+    for i, name in enumerate(cases, 1):
+        print(f"bench: [{i}/{len(cases)}] {name}: compiling (minicomp twice, torch.compile), then {reps} "
+              "interleaved training steps", file=sys.stderr, flush=True)
+        rows.append(bench_train_case(name, backend, reps, quick))
+    return rows
 
 
 def format_train_table(rows: list) -> str:

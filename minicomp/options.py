@@ -20,6 +20,7 @@ class Options:
     verify: bool = False            # verify the IR after every pass (on in debug mode and in tests)
     recycle_outputs: bool = True    # CPU: reuse a big output's memory once the caller drops it
     remat_budget: Optional[float] = None  # training: saved activations at most this fraction of remat=False's
+    profile: bool = False           # time every step of every program (MINICOMP_PROFILE=1; explain())
 
     @staticmethod
     def make(backend: str = "auto", debug: Union[bool, int, str] = False, remat: bool = True,
@@ -43,4 +44,5 @@ class Options:
             level = max(level, debug)
         verify = level > 0 or os.environ.get("MINICOMP_VERIFY", "") == "1"
         return Options(backend, level, dump_dir, remat, cuda_graphs, strict, max_programs, verify, recycle_outputs,
-                       None if remat_budget is None else float(remat_budget))
+                       None if remat_budget is None else float(remat_budget),
+                       os.environ.get("MINICOMP_PROFILE", "") == "1")

@@ -32,10 +32,26 @@ class KernelReport:
     bytes_written: int
     flops: int
     time_s: float = 0.0  # measured by the backend's profiler when asked
+    label: str = ""      # what it does, in a few words: the fused ops, or "copy", "transpose", ...
 
     def __str__(self) -> str:
-        return (f"{self.name} ({self.graph}): {' '.join(self.ops)}; read {self.bytes_read:,} B, "
+        return (f"{self.name} ({self.graph}) {self.label}: {' '.join(self.ops) or '-'}; read {self.bytes_read:,} B, "
                 f"wrote {self.bytes_written:,} B, {self.flops:,} flops")
+
+
+@dataclass
+class StepReport:
+    """One step of a compiled program as it ran (options.profile, or explain()): a kernel or a
+    torch call (a matmul, a convolution, an extern), with the seconds of every call it timed."""
+    name: str            # k3, or the torch op: mm, aten.sort.default
+    graph: str
+    kind: str            # kernel | torch
+    label: str
+    ops: list
+    bytes_read: int
+    bytes_written: int
+    flops: int
+    samples: list = field(default_factory=list)
 
 
 def _kb(n: int) -> str:
@@ -76,6 +92,8 @@ class Report:
     kernels: list = field(default_factory=list)
     eager: list = field(default_factory=list)   # what ran eagerly, and why
     partitions: list = field(default_factory=list)  # training graphs: what the forward saves (PartitionReport)
+    steps: list = field(default_factory=list)       # profiled programs' steps, timed (StepReport)
+    refusals: list = field(default_factory=list)    # profiled graphs: "graph: producer -> consumer: why"
 
     @property
     def saved_bytes(self) -> int:

@@ -23,7 +23,7 @@ _POLY = {"exp", "expm1", "log", "log1p", "tanh", "erf", "erfc", "sin", "cos", "t
 _LIBM = {"asin": "asinf", "acos": "acosf", "sinh": "sinhf", "cosh": "coshf", "asinh": "asinhf",
          "acosh": "acoshf", "atanh": "atanhf", "log10": "log10f"}
 SUPPORTED_OPS = (set(_POLY) | set(_LIBM) | {
-    "neg", "abs", "sqrt", "rsqrt", "reciprocal", "floor", "ceil", "round", "trunc", "frac", "sign", "relu",
+    "neg", "abs", "sqrt", "rsqrt", "reciprocal", "floor", "ceil", "round", "trunc", "frac", "sign", "relu", "copy",
     "silu", "gelu", "bitwise_not", "logical_not", "isnan", "isinf", "cast", "add", "sub", "mul", "div",
     "div_floor", "div_trunc", "pow", "maximum", "minimum", "remainder", "fmod", "atan2", "bitwise_and",
     "bitwise_or", "bitwise_xor", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
@@ -358,6 +358,9 @@ class Ops:
         if adt in UNSIGNED:
             return b.zext(b.icmp_unsigned(">", x, zero), x.type)
         return b.sub(b.zext(b.icmp_signed(">", x, zero), x.type), b.zext(b.icmp_signed("<", x, zero), x.type))
+
+    def op_copy(self, x, adt, **_):
+        return x
 
     def op_relu(self, x, adt, **_):
         b = self.b

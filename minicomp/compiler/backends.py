@@ -3,12 +3,12 @@ and runtime/; this is the only place that knows the list."""
 from __future__ import annotations
 
 import math
-import os
 import time
 
 from ..errors import MinicompError
 from ..ir import OPS, DTYPES, TensorType, prepare
-from ..report import KernelReport
+from ..ir.kernel import describe
+from ..report import KernelReport, StepReport
 
 FLOPS_PER_BYTE = {"cpu": 4.0, "cuda": 40.0, "cuda_emu": 40.0}
 
@@ -139,18 +139,19 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
         if n.op == "getitem" and n.args[0].op == "kernel":
             results.setdefault(n.args[0], {})[n.attrs["index"]] = n
     outputs = set(o for o in graph.outputs if o is not None)
-    launches, buffers, reports = {}, [], []
+    launches, buffers, reports = {}, [], {}
     for n, k in zip(knodes, kernels):
         outs = results.get(n, {})
         launches[n] = make_launch(k, [slot[n.args[j]] if kind == "arg" else slot[outs[j]] for kind, j in n.meta["io"]])
-        reports.append(KernelReport(k.name, ctx.name, list(k.ops), k.bytes_read, k.bytes_written, k.flops))
+        reports[n] = KernelReport(k.name, ctx.name, list(k.ops), k.bytes_read, k.bytes_written, k.flops,
+                                  label=describe(k))
         for j, g in outs.items():
             buffers.append((slot[g], g.type.shape, DTYPES[g.type.dtype],
                             g.meta.get("arena_offset")))  # None: fresh each call (plan_memory)
     free = free_layout_inputs(graph)
     views = static_views(graph, kernel_inputs, free)
     needed = outputs | {a for n in graph.nodes if n not in views for a in n.args}  # views only views read: skipped
-    steps = []
+    steps, names, timed = [], [], []
     for n in graph.nodes:
         if n.op in ("constant", "input") or (n.op == "getitem" and n.args[0].op == "kernel"):
             continue
@@ -158,20 +159,30 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
             if n in needed:
                 root, size, stride, offset = views[n]
                 steps.append(AsStrided(slot[root], slot[n], size, stride, offset))
+                names.append(f"minicomp {ctx.name} view")
+                timed.append(None)
             continue
-        steps.append(launches[n] if n.op == "kernel" else
-                     TorchCall(_torch_fn(n, device), [slot[a] for a in n.args], slot[n], n in kernel_inputs))
-    if os.environ.get("MINICOMP_PROFILE") == "1":
-        steps = [_timed(s, r) for s, r in zip(steps, _step_reports(graph, reports))]
+        if n.op == "kernel":
+            steps.append(launches[n])
+            r = reports[n]
+            timed.append(StepReport(r.name, ctx.name, "kernel", r.label, r.ops, r.bytes_read, r.bytes_written, r.flops))
+        else:
+            steps.append(TorchCall(_torch_fn(n, device), [slot[a] for a in n.args], slot[n], n in kernel_inputs))
+            timed.append(_torch_step_report(n, ctx.name))
+        names.append(f"minicomp {ctx.name} {timed[-1].name} ({timed[-1].label})")
+    if ctx.options.profile:
+        steps = [_timed(step, r, reports.get(n)) if r is not None else step
+                 for step, r, n in zip(steps, timed, _step_nodes(graph, views, needed))]
+        ctx.report.steps.extend(r for r in timed if r is not None)
     # only a torch op's result can view the arena; kernel results and inputs never do
     may_alias = [i for i, o in enumerate(graph.outputs) if o is not None and o.op not in ("input", "constant")
                  and not (o.op == "getitem" and o.args[0].op == "kernel")]
     program = Program(len(graph.inputs), [graph.constants[c.attrs["name"]] for c in constants], steps, buffers,
                       [None if o is None else slot[o] for o in graph.outputs], ctx.arena_bytes, len(slot), device,
                       may_alias, recycle=ctx.options.recycle_outputs,
-                      contiguous_inputs=[i for i, x in enumerate(graph.inputs) if x not in free])
+                      contiguous_inputs=[i for i, x in enumerate(graph.inputs) if x not in free], names=names)
     program.keepalive = keepalive  # the kernels' machine code lives as long as the program
-    ctx.report.kernels.extend(reports)
+    ctx.report.kernels.extend(reports.values())
     detail = {"kernels": len(knodes), "torch_ops": len(steps) - len(knodes), "arena_bytes": ctx.arena_bytes,
               "remat_bytes_saved": ctx.remat_bytes_saved}
     return program, detail
@@ -229,25 +240,44 @@ def build_cpu(graph, ctx):
     return program, detail
 
 
-def _step_reports(graph, reports):
-    it = iter(reports)
+def _step_nodes(graph, views, needed):
+    """The nodes assemble made steps of, in step order."""
     for n in graph.nodes:
-        if n.op == "kernel":
-            yield next(it)
-        elif n.op not in ("constant", "input") and not (n.op == "getitem" and n.args[0].op == "kernel"):
-            yield None
+        if n.op in ("constant", "input") or (n.op == "getitem" and n.args[0].op == "kernel"):
+            continue
+        if n not in views or n in needed:
+            yield n
 
 
-def _timed(step, report):
-    """MINICOMP_PROFILE=1: time each kernel (the report keeps the running mean per call)."""
-    if report is None:
-        return step
-    calls = [0]
+def _torch_step_report(n, graph_name: str) -> StepReport:
+    """A torch call's bytes (its operands read once, its results written once) and flops (the op
+    table's count: 2*M*N*K for a matmul; unknown, 0, for an extern)."""
+    from ..ir.types import itemsize
+
+    def nbytes(t):
+        if isinstance(t, TensorType):
+            return t.numel * itemsize(t.dtype)
+        return sum(nbytes(x) for x in t) if isinstance(t, tuple) else 0
+    name = n.attrs["target"] if n.op == "extern" else n.op
+    if OPS[n.op].category in ("view", "tuple"):  # a view moves nothing (a reshape torch must copy shows as time)
+        return StepReport(name, graph_name, "torch", "view", [n.op], 0, 0, 0)
+    try:
+        flops = int(OPS[n.op].flops(n.type, tuple(a.type for a in n.args), n.attrs)) if n.op != "extern" else 0
+    except Exception:  # a multi-result type the op's count does not take
+        flops = 0
+    label = {"matmul": "matmul", "extern": "torch call"}.get(OPS[n.op].category, OPS[n.op].category)
+    return StepReport(name, graph_name, "torch", label, [n.op], sum(nbytes(a.type) for a in n.args), nbytes(n.type),
+                      flops)
+
+
+def _timed(step, report: StepReport, kernel_report=None):
+    """options.profile: time each call of a step; a kernel's report keeps the running mean."""
+    samples, clock = report.samples, time.perf_counter
 
     def run(env):
-        t = time.perf_counter()
+        t = clock()
         step(env)
-        calls[0] += 1
-        report.time_s += (time.perf_counter() - t - report.time_s) / calls[0]
+        samples.append(clock() - t)
+        if kernel_report is not None:
+            kernel_report.time_s += (samples[-1] - kernel_report.time_s) / len(samples)
     return run
-

@@ -25,7 +25,7 @@ from ..ir import verify
 from ..options import Options
 from ..report import GraphReport, Report
 from . import graph_cache
-from .debug import Dumper
+from .debug import Dumper, Progress
 from .frontend import lower
 from .pipeline import run_passes
 from .training import make_partition
@@ -123,6 +123,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     devices = {str(x.device.type) for x in example_inputs if isinstance(x, torch.Tensor)}
     backend = resolve_backend(options.backend, "cuda" if "cuda" in devices else "cpu")
     ctx = make_context(options, name, backend, report)
+    progress = Progress(name)
     if isinstance(cached, Built):
         graph, fx_nodes, externs, ctx.arena_bytes, ctx.remat_bytes_saved, ctx.artifacts = cached
         plain, hit = True, "memo"
@@ -143,8 +144,14 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
         if options.verify:
             verify(graph)
         externs = [n.attrs["target"] for n in graph.nodes if n.op == "extern"]
+        progress(f"lowered to {len(graph.nodes)} IR nodes")
         graph = run_passes(graph, ctx)
+        progress(f"passes done: {sum(n.op == 'kernel' for n in graph.nodes)} kernels")
     run, detail = build(graph, ctx, backend)
+    progress(f"{backend} code generated and loaded")
+    if options.profile:  # the least any program of this graph moves: its inputs read, its outputs written once
+        detail["min_bytes"] = sum(x.type.nbytes for x in graph.inputs) + sum(
+            o.type.nbytes for o in dict.fromkeys(o for o in graph.outputs if o is not None))
     memo = _memo_key(cache_key, options) if plain and hit != "memo" and not graph.constants else None
     if memo is not None:
         _built[memo] = Built(graph, fx_nodes, externs, ctx.arena_bytes, ctx.remat_bytes_saved, ctx.artifacts)
@@ -155,6 +162,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     g = GraphReport(name, kind, backend, fx_nodes, len(graph.nodes), externs, time.perf_counter() - t0, detail)
     report.graphs.append(g)
     ctx.dump.summary(str(g))
+    log.info("minicomp: %s", g)
 
     def boxed(args):
         out = run(*args)

@@ -8,9 +8,14 @@ with `minicomp.ir.parse`.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import sys
+import time
+
+log = logging.getLogger("minicomp")
+PROGRESS_AFTER_S = 2.0  # a compile running longer logs each stage as it finishes
 
 
 def _next_number(folder: str) -> int:
@@ -45,3 +50,16 @@ class Dumper:
     def summary(self, text: str) -> None:
         if self.level >= 1:
             print(f"minicomp: {text}", file=sys.stderr)
+
+
+class Progress:
+    """A long compile's stages on the `minicomp` logger (INFO) as they finish, once it has run for
+    PROGRESS_AFTER_S: a user who enables logging sees where a slow compile is, not silence."""
+
+    def __init__(self, name: str):
+        self.name, self.t0 = name, time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        elapsed = time.perf_counter() - self.t0
+        if elapsed >= PROGRESS_AFTER_S:
+            log.info("minicomp: compiling %s: %s (%.1f s so far)", self.name, what, elapsed)

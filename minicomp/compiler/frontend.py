@@ -114,10 +114,25 @@ class Lowerer:
             elif node.op == "call_function":
                 self.env[node] = self.call(node)
             elif node.op == "output":
-                outputs = [self._output(o) for o in fx.node.map_arg(node.args[0], lambda a: self.env[a])]
+                outputs = [self._fresh(fx_out, self._output(o)) for fx_out, o in
+                           zip(node.args[0], fx.node.map_arg(node.args[0], lambda a: self.env[a]))]
             else:
                 raise MinicompError(f"unexpected fx node {node.op} {node.target}")
         return Graph(self.b.graph_name, inputs, self.b.nodes, outputs, constants)
+
+    def _fresh(self, fx_out, value):
+        """An output the fx graph computes (a clone, a contiguous copy) whose IR value is a graph
+        input or constant gets a `copy`: returning the input itself would alias the caller's tensor.
+        An output fx makes as a view of an input is an alias AOTAutograd knows and rebuilds."""
+        if not isinstance(value, Node) or value.op not in ("input", "constant") or not isinstance(fx_out, fx.Node):
+            return value
+        n = fx_out
+        while n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target.is_view:
+            n = n.args[0]
+        if n.op in ("placeholder", "get_attr"):
+            return value
+        self.b.meta = {"source": source_line(fx_out), "fx": fx_out.name}
+        return self.b.emit("copy", value)
 
     @staticmethod
     def _output(o):

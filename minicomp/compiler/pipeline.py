@@ -27,4 +27,7 @@ def run_passes(graph: Graph, ctx) -> Graph:
         if ctx.options.verify:
             verify(graph)
         ctx.dump.stage(f"ir_after_{name}", graph.__str__)
+    if ctx.options.profile and getattr(ctx, "schedule", None) is not None:  # explain() lists what did not fuse
+        ctx.report.refusals += [f"{ctx.name}: {p} -> {c}: {pop} -> {cop}: {why}"
+                                for p, c, pop, cop, why in fuse.refusals(ctx.source_graph, ctx.schedule)]
     return graph

@@ -135,10 +135,43 @@ def walk(roots) -> list:
     return order
 
 
+LABEL_OPS = 4  # distinct ops a kernel's label names before "+N"
+
+
+def describe(k: Kernel) -> str:
+    """What a kernel does, in a few words, for reports and profiler traces: its distinct fused ops
+    in order ("add+gelu", "amax+sub+exp+sum+2"), or, for a kernel that computes nothing, how it
+    moves data: "copy" (each store reads the same element), "broadcast" (an input is re-read
+    along a dim), "transpose" (another order or stride) or "gather" (an index read from memory)."""
+    if k.ops:
+        names = list(dict.fromkeys(k.ops))
+        more = len(names) - LABEL_OPS
+        return "+".join(names[:LABEL_OPS]) + (f"+{more}" if more > 0 else "")
+    kinds = set()
+    for st in k.inner_stores + k.outer_stores:
+        loads = [e for e in walk([st.value]) if e.op == "load"]
+        for ld in loads:
+            index = ld.attrs["index"]
+            if data_values(index):
+                kinds.add("gather")
+            elif index == st.index:
+                kinds.add("copy")
+            elif index.vars() < st.index.vars():
+                kinds.add("broadcast")
+            else:
+                kinds.add("transpose")
+        if not loads:
+            kinds.add("fill")
+    for word in ("gather", "transpose", "broadcast", "fill", "copy"):
+        if word in kinds:
+            return word
+    return "copy"
+
+
 def format_kernel(k: Kernel) -> str:
     """Readable text of a kernel (debug dumps), one line per expression."""
     names: dict = {}
-    lines = [f"kernel {k.name} [{k.kind} {k.domain_str()}] outer=({', '.join(v.name for v in k.outer)})"
+    lines = [f"kernel {k.name} ({describe(k)}) [{k.kind} {k.domain_str()}] outer=({', '.join(v.name for v in k.outer)})"
              f" inner=({', '.join(v.name for v in k.inner)})",
              "  buffers: " + ", ".join(f"b{i}={b.name}:{b.dtype}[{b.numel}]" for i, b in enumerate(k.buffers)),
              f"  fused: {' '.join(k.ops)}",

@@ -82,6 +82,10 @@ _unary("neg", torch.neg, "num")
 _unary("abs", torch.abs, "num")
 _unary("sign", torch.sign, "num")
 _unary("relu", torch.relu, "num")
+# a fresh copy: what the front end makes of clone() when the value it would return is a graph input
+# (an IR value is a logical tensor, so clone is otherwise nothing), where returning the input itself
+# would alias what the caller gave
+_unary("copy", torch.clone, "any", cost=0.0)
 _unary("silu", F.silu, "float", cost=8.0)
 _unary("gelu", lambda x, approximate: F.gelu(x, approximate=approximate), "float", cost=12.0,
        attrs=("approximate",))

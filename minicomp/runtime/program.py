@@ -20,6 +20,11 @@ except ImportError:  # private: a torch without it gets the public call
     def _empty_strided_cpu(size, stride, dtype):
         return torch.empty_strided(size, stride, dtype=dtype)
 
+def _profiler_on() -> bool:
+    """Whether a torch.profiler (or autograd profiler) is recording on this thread's process."""
+    return torch.autograd.profiler._is_profiler_enabled
+
+
 RECYCLE_MIN_BYTES = 1 << 20  # smaller blocks come from malloc's free lists without page faults
 RECYCLE_KEEP = 2  # storages kept per output: `y = f(x)` in a loop holds one while the next is made
 
@@ -88,8 +93,11 @@ class Program:
     output each call). `keepalive` holds what the steps' code lives in (a JIT engine, a module)."""
 
     def __init__(self, n_inputs: int, constants: list, steps: list, buffers: list, outputs: list,
-                 arena_bytes: int, n_slots: int, device="cpu", may_alias=(), recycle=True, contiguous_inputs=None):
+                 arena_bytes: int, n_slots: int, device="cpu", may_alias=(), recycle=True, contiguous_inputs=None,
+                 names=None):
         self.n_inputs, self.steps, self.outputs = n_inputs, steps, outputs
+        # what each step is called in a torch.profiler trace ("minicomp forward_0 k3 (add+gelu)")
+        self.names = list(names) if names is not None else [f"minicomp step {i}" for i in range(len(steps))]
         # inputs kernels read are made contiguous; the others go to torch ops as they come
         self.contiguous_inputs = tuple(range(n_inputs) if contiguous_inputs is None else contiguous_inputs)
         self.may_alias = tuple(may_alias)  # output positions a torch op made: they may view the arena
@@ -154,9 +162,11 @@ class Program:
     def __call__(self, *inputs):
         if self.template is None:
             self._setup()
+        if _profiler_on():  # a torch.profiler trace shows each kernel and torch call by name
+            return self._loop(*inputs, traced=True)
         return self.run(*inputs)
 
-    def _loop(self, *inputs):
+    def _loop(self, *inputs, traced=False):
         env = list(self.template)
         for i, x in enumerate(inputs):
             env[i] = x
@@ -165,8 +175,13 @@ class Program:
                 env[i] = env[i].contiguous()
         for slot, make in self.fresh:
             env[slot] = make()
-        for step in self.steps:
-            step(env)
+        if traced:
+            for step, name in zip(self.steps, self.names):
+                with torch.profiler.record_function(name):
+                    step(env)
+        else:
+            for step in self.steps:
+                step(env)
         outs = [None if o is None else env[o] for o in self.outputs]
         if self.arena_range is not None:  # never hand out memory the next call overwrites
             lo, hi = self.arena_range

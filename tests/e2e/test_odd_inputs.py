@@ -269,3 +269,30 @@ def test_integer_division_by_zero_raises_like_eager(backend):
         assert isinstance(info.value, ZeroDivisionError)
         assert str(info.value).startswith("minicomp: integer division by zero in div_floor at test_odd_inputs.py:")
     torch.testing.assert_close(comp(a, c), f(a, c))
+
+
+# ---- outputs that would alias what the caller gave -------------------------------------------------
+
+@pytest.mark.parametrize("be", ["interpret", "cpu", "cuda_emu"])
+def test_a_clone_of_an_input_or_buffer_is_a_new_tensor(be):
+    """clone() is nothing in the IR (a value is a logical tensor): returned as is, it would be the
+    caller's own tensor, and an in-place update of the result would change the input."""
+    import minicomp
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.arange(4.0))
+
+        def forward(self, x):
+            return x.clone(), x.contiguous(), self.b.clone(), x.view(16)  # the view is an alias, as in eager
+    m = minicomp.compile(M(), backend=be)
+    x = torch.randn(4, 4)
+    a, c, b, v = m(x)
+    assert a.data_ptr() != x.data_ptr() and b.data_ptr() != m.b.data_ptr()
+    assert v.data_ptr() == x.data_ptr()
+    a.add_(1)
+    b.add_(1)
+    torch.testing.assert_close(a, x + 1)
+    torch.testing.assert_close(m.b, torch.arange(4.0))
+    assert c.data_ptr() == x.data_ptr() or torch.equal(c, x)  # contiguous() of a contiguous tensor may alias

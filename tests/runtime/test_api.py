@@ -431,3 +431,15 @@ def test_report_reads_well():
     assert text.splitlines()[0] == "minicomp report: 1 graph(s), 0 kernel(s)"
     assert re.fullmatch(r"  inference_\d+ \[inference, interpret\]: \d+ fx nodes -> \d+ IR nodes(, graph_cache=(hit|memo))?; "
                         r"compiled in [\d.]+ ms", text.splitlines()[1])
+
+
+def test_compiles_log_to_the_minicomp_logger_with_progress_when_long(caplog, monkeypatch):
+    import logging
+
+    import minicomp.compiler.debug as debug
+    monkeypatch.setattr(debug, "PROGRESS_AFTER_S", 0.0)  # every compile counts as long
+    with caplog.at_level(logging.INFO, logger="minicomp"):
+        compile_i(lambda x: torch.sin(x) + 1)(torch.randn(3))
+    messages = [r.getMessage() for r in caplog.records if r.name == "minicomp"]
+    assert any("compiling inference_" in m and "lowered to" in m for m in messages), messages
+    assert any("passes done" in m for m in messages) and any("[inference, interpret]" in m for m in messages)

@@ -102,23 +102,37 @@ def _account(kernel, written) -> None:
     for v in kernel.inner:
         inner *= v.size
     roots = [r.value for st in kernel.stages for r in st] + [s.value for s in kernel.inner_stores]
-    per_inner = sum(OPS[e.op].cost for e in walk(roots) if e.op in OPS)
-    per_outer = sum(OPS[e.op].cost for e in walk([s.value for s in kernel.outer_stores]) if e.op in OPS)
+    positional: dict = {}
+    per_inner = sum(_cost(e, positional) for e in walk(roots))
+    per_outer = sum(_cost(e, positional) for e in walk([s.value for s in kernel.outer_stores]))
     kernel.flops = int(outer * (inner * per_inner + per_outer))
 
 
-def fusion_report(graph: Graph, fused: Graph, sch: Schedule) -> str:
-    lines = ["kernels:"]
-    for n in fused.nodes:
-        if n.op == "kernel":
-            k = n.meta["kernel"]
-            lines.append(f"  {k.name} [{k.kind} {k.domain_str()}] fused: {' '.join(k.ops)}; "
-                         f"read {k.bytes_read:,} B, wrote {k.bytes_written:,} B")
+def _positional(e, memo: dict) -> bool:
+    """An expression of loop indices and constants only (a cat part's bounds test): index math,
+    which the code generators fold into loop bounds, not arithmetic per element."""
+    if id(e) not in memo:
+        memo[id(e)] = e.op in ("index", "const") or (e.op not in ("load", "acc") and bool(e.args)
+                                                     and all(_positional(a, memo) for a in e.args))
+    return memo[id(e)]
+
+
+def _cost(e, memo: dict) -> float:
+    """The op table's flops for one evaluation of e; positional tests and the selects they drive
+    (a cat choosing its part) cost nothing: they are index math."""
+    if e.op not in OPS or _positional(e, memo) or (e.op == "where" and _positional(e.args[0], memo)):
+        return 0.0
+    return OPS[e.op].cost
+
+
+def refusals(graph: Graph, sch: Schedule) -> list:
+    """Every producer -> consumer pair the schedule did not fuse: (producer step, consumer step,
+    producer op, consumer op, why); a step is a kernel name or torch:<op>."""
     where = {}
-    for i, step in enumerate(sch.steps):
+    for step in sch.steps:
         for r in (step.roots if isinstance(step, KernelStep) else [step]):
             where[r] = step.builder.name if isinstance(step, KernelStep) else f"torch:{step.op}"
-    lines.append("not fused (producer -> consumer: why):")
+    out = []
     for n in graph.nodes:
         if n not in where:
             continue
@@ -129,7 +143,19 @@ def fusion_report(graph: Graph, fused: Graph, sch: Schedule) -> str:
                 why = "runs in torch (extern / matmul)"
             else:
                 why = sch.refusals.get((n, where[a])) or sch.why_materialized.get(a, "scheduled earlier")
-            lines.append(f"  {where[a]} -> {where[n]}: {a.op} -> {n.op}: {why}")
+            out.append((where[a], where[n], a.op, n.op, why))
+    return out
+
+
+def fusion_report(graph: Graph, fused: Graph, sch: Schedule) -> str:
+    lines = ["kernels:"]
+    for n in fused.nodes:
+        if n.op == "kernel":
+            k = n.meta["kernel"]
+            lines.append(f"  {k.name} [{k.kind} {k.domain_str()}] fused: {' '.join(k.ops)}; "
+                         f"read {k.bytes_read:,} B, wrote {k.bytes_written:,} B")
+    lines.append("not fused (producer -> consumer: why):")
+    lines += [f"  {p} -> {c}: {pop} -> {cop}: {why}" for p, c, pop, cop, why in refusals(graph, sch)]
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,100 @@
+"""minicomp.explain: each kernel and torch call against this machine's roofline, the totals against
+eager, the files .save() writes, and compiled steps by name in torch.profiler traces."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import minicomp
+from minicomp import roofline
+from minicomp.models import Block
+
+
+@pytest.fixture(scope="module")
+def roof():
+    """Measured now, not taken from a cache another day filled: on a shared machine the roofs move."""
+    return roofline.measure("cpu", quick=True)
+
+
+def _only(e, kind):
+    rows = [r for r in e.rows if r.kind == kind]
+    assert rows, f"no {kind} step in {e}"
+    return rows
+
+
+def test_cos_cos_is_one_kernel_moving_the_minimum(roof):
+    n = 1 << 16
+    e = minicomp.explain(lambda x: torch.cos(torch.cos(x)), torch.randn(n), backend="cpu", roofline=roof, reps=5)
+    k, = e.rows
+    assert k.kind == "kernel" and k.ops == ["cos", "cos"] and k.bytes == 2 * 4 * n
+    assert e.totals.min_bytes == 2 * 4 * n == e.totals.bytes
+    assert e.totals.eager_bytes == 4 * 4 * n and e.totals.eager_launches == 2  # eager writes and reads cos(x)
+
+
+def test_large_pointwise_is_memory_bound(roof):
+    e = minicomp.explain(lambda x: x + 1.0, torch.randn(1 << 24), backend="cpu", roofline=roof, reps=5)
+    k, = _only(e, "kernel")
+    assert k.bound == "memory" and 0 < k.roof_fraction <= 1.0, k
+
+
+def test_large_matmul_is_compute_bound(roof):
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    e = minicomp.explain(lambda a, b: a @ b, a, b, backend="cpu", roofline=roof, reps=3)
+    mm, = _only(e, "torch")
+    assert mm.label == "matmul" and mm.flops == 2 * 1024 ** 3
+    assert mm.bound == "compute" and 0 < mm.roof_fraction <= 1.0, mm
+
+
+def test_tiny_graph_is_overhead_bound(roof):
+    e = minicomp.explain(lambda x: (x * 2 + 1).abs(), torch.randn(8), backend="cpu", roofline=roof, reps=10)
+    k, = _only(e, "kernel")
+    assert k.bound == "overhead"
+
+
+def test_training_gpt_block_never_above_a_roof_and_saves_files(roof, tmp_path):
+    torch.manual_seed(0)
+    e = minicomp.explain(Block(64, 4, 32), torch.randn(2, 32, 64, requires_grad=True), backend="cpu",
+                         training=True, roofline=roof, reps=5)
+    graphs = {r.graph.split("_")[0] for r in e.rows}
+    assert graphs == {"forward", "backward"}
+    assert all(r.roof_fraction <= 1.0 for r in e.rows), "\n" + str(e)  # above a roof: a byte or flop count is wrong
+    assert {"memory", "compute", "overhead"} >= {r.bound for r in e.rows}
+    assert e.totals.min_bytes <= e.totals.bytes and e.totals.eager_launches > 0 and e.totals.eager_time_s > 0
+    text = str(e)
+    assert "bound" in text and "not fused" in text and "roofline of" in text
+    folder = e.save(str(tmp_path / "explain"))
+    files = set(os.listdir(folder))
+    assert {"report.md", "roofline.png", "stages"} <= files and ({"graph.svg"} & files or {"graph.png"} & files)
+    from PIL import Image
+    for name in ("roofline.png", "graph.png"):
+        if name in files:
+            with Image.open(os.path.join(folder, name)) as im:
+                assert im.format == "PNG" and im.size[0] > 100 and im.size[1] > 100
+    stages = os.listdir(os.path.join(folder, "stages"))
+    assert any("forward" in s for s in stages) and any("backward" in s for s in stages)
+    assert "| step |" in open(os.path.join(folder, "report.md")).read()
+
+
+def test_copy_kernels_are_named_for_what_they_do():
+    """A kernel that only moves data says how: a transposed copy, a broadcast, a copy."""
+    c = minicomp.compile(lambda x, b: (x.t().contiguous(), b.expand(4, 8).contiguous(), x.clone()), backend="cpu")
+    x, b = torch.randn(8, 4), torch.randn(8)
+    for got, want in zip(c(x, b), (x.t().contiguous(), b.expand(4, 8).contiguous(), x.clone())):
+        torch.testing.assert_close(got, want)
+    labels = sorted(k.label for k in c.report().kernels)
+    assert labels == ["broadcast", "copy", "transpose"], labels
+    assert all(k.label in str(k) for k in c.report().kernels)
+
+
+def test_kernels_appear_by_name_in_a_profiler_trace():
+    from torch.profiler import profile
+    c = minicomp.compile(lambda x, w: torch.relu(x @ w) * 2, backend="cpu")
+    x, w = torch.randn(32, 16), torch.randn(16, 8)
+    c(x, w)
+    with profile() as prof:
+        c(x, w)
+    names = [ev.name for ev in prof.events()]
+    assert any(n.startswith("minicomp inference_") and " k0 (" in n for n in names), names
+    assert any(n.startswith("minicomp inference_") and " mm (matmul)" in n for n in names), names
