@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
 import types
 from typing import NamedTuple
 
@@ -119,7 +120,8 @@ class CompiledModule:
     methods that return the model itself (`.eval()`, `.to()`, `.train()`) return this CompiledModule,
     so chaining never drops compilation. It is not an nn.Module: register the model, not this."""
 
-    _OWN = frozenset({"model", "options", "_report", "_programs", "_fast", "_warned_limit", "__wrapped__", "__doc__"})
+    _OWN = frozenset({"model", "options", "_report", "_programs", "_fast", "_warned_limit", "_lock", "__wrapped__",
+                      "__doc__"})
 
     def __init__(self, model, options: Options):
         self.model = model
@@ -128,6 +130,7 @@ class CompiledModule:
         self._programs: dict = {}  # signature -> (program, _Fast or None)
         self._fast: _Fast | None = None
         self._warned_limit = False
+        self._lock = threading.Lock()  # one compile at a time: threads racing on a new signature build it once
         self.__wrapped__ = model
         self.__doc__ = getattr(model, "__doc__", None)
 
@@ -139,10 +142,13 @@ class CompiledModule:
         key = _signature(self.model, args, kwargs)
         entry = self._programs.get(key)
         if entry is None:
-            if len(self._programs) >= self.options.max_programs:
-                self._note_limit()
-                return self.model(*args, **kwargs)
-            return self._compile_and_run(key, args, kwargs)
+            with self._lock:
+                entry = self._programs.get(key)  # another thread may have compiled it meanwhile
+                if entry is None:
+                    if len(self._programs) >= self.options.max_programs:
+                        self._note_limit()
+                        return self.model(*args, **kwargs)
+                    return self._compile_and_run(key, args, kwargs)
         program, fast = entry
         if fast is not None:
             self._fast = fast

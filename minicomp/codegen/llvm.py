@@ -38,7 +38,9 @@ I32 = ir.IntType(32)
 # one it splits across threads gets <name>_par(i32 threads), which runs a chunk of the range on each
 # thread of an OpenMP team (GOMP_parallel: torch's own OpenMP runtime, see runtime/cpu.py)
 RUN_SUFFIX, PAR_SUFFIX, BUFS_SUFFIX = "_run", "_par", "_bufs"
-FAILED_SUFFIX = "_failed"  # a kernel that checks sets bit j of the global <name>_failed: check_sites(k)[j] failed
+# A kernel's buffer table holds its buffers, then one more pointer: the 32-bit word where a kernel
+# that checks (check_sites) sets bit j when check j failed. Each table has its own word, so calls
+# running side by side (each with its own table) never see each other's failures.
 
 
 def _site(e: KExpr):
@@ -283,8 +285,9 @@ class KernelCodegen:
 
     def note_failure(self, bad, site) -> None:
         """Or `bad` into the site's bit of the kernel's flags (an or-reduction: the loop still
-        vectorizes); the body ends by or-ing them into the global `<kernel>_failed`, which the runtime
-        checks after the call and turns into the site's exception (IndexError, ZeroDivisionError)."""
+        vectorizes); the body ends by or-ing them into the flag word its buffer table points to,
+        which the runtime checks after the call and turns into the site's exception (IndexError,
+        ZeroDivisionError)."""
         if self.failed is None:
             self.failed = self.entry_alloca(I32)
             with self.b.goto_block(self.entry):
@@ -317,7 +320,7 @@ class KernelCodegen:
     def generate(self) -> None:
         k = self.k
         nb = len(k.buffers)
-        body_ty = ir.FunctionType(ir.VoidType(), [PTR] * nb + [I64, I64])
+        body_ty = ir.FunctionType(ir.VoidType(), [PTR] * (nb + 1) + [I64, I64])  # buffers, flag word, range
         fn = ir.Function(self.module, body_ty, k.name + "_body")
         fn.linkage = "internal"
         for a in fn.args[:nb]:
@@ -327,7 +330,7 @@ class KernelCodegen:
         self.b = ir.IRBuilder(start_bb)
         self.ops = Ops(self.b, self.module)
         self.ptrs = fn.args[:nb]
-        start, end = fn.args[nb], fn.args[nb + 1]
+        flag_word, start, end = fn.args[nb], fn.args[nb + 1], fn.args[nb + 2]
         outer = list(k.outer)
 
         def row():
@@ -351,11 +354,9 @@ class KernelCodegen:
             row()
             self.scopes.pop()
         if self.failed is not None:  # chunks on other threads may set bits too: an atomic or
-            flag = ir.GlobalVariable(self.module, I32, k.name + FAILED_SUFFIX)
-            flag.initializer = I32(0)
             bits = self.b.load(self.failed)
             with self.b.if_then(self.b.icmp_unsigned("!=", bits, I32(0))):
-                self.b.atomic_rmw("or", flag, bits, "monotonic")
+                self.b.atomic_rmw("or", flag_word, bits, "monotonic")
         self.b.ret_void()
         with self.b.goto_block(self.entry):
             self.b.branch(start_bb)
@@ -363,11 +364,11 @@ class KernelCodegen:
         wrapper = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), k.name)
         wb = ir.IRBuilder(wrapper.append_basic_block("entry"))
         bufs = wrapper.args[0]
-        ptrs = [wb.load(wb.gep(bufs, [I64(i)], source_etype=PTR), typ=PTR) for i in range(nb)]
+        ptrs = [wb.load(wb.gep(bufs, [I64(i)], source_etype=PTR), typ=PTR) for i in range(nb + 1)]
         wb.call(fn, ptrs + [wrapper.args[1], wrapper.args[2]])
         wb.ret_void()
-        if self.whole or self.openmp:  # the buffers in the global <name>_bufs
-            table = ir.GlobalVariable(self.module, ir.ArrayType(PTR, max(nb, 1)), k.name + BUFS_SUFFIX)
+        if self.whole or self.openmp:  # the buffers (and the flag word's address) in the global <name>_bufs
+            table = ir.GlobalVariable(self.module, ir.ArrayType(PTR, nb + 1), k.name + BUFS_SUFFIX)
             table.initializer = ir.Constant(table.value_type, None)
         if self.whole:  # <name>_run(): no arguments, the whole range
             run = ir.Function(self.module, ir.FunctionType(ir.VoidType(), []), k.name + RUN_SUFFIX)

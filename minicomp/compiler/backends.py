@@ -207,7 +207,7 @@ def _cpu_kernel_text(k) -> str:
 
 
 def build_cpu(graph, ctx):
-    from ..codegen.llvm import (BUFS_SUFFIX, FAILED_SUFFIX, PAR_SUFFIX, RUN_SUFFIX, check_sites, generate_module,
+    from ..codegen.llvm import (BUFS_SUFFIX, PAR_SUFFIX, RUN_SUFFIX, check_sites, generate_module,
                                 outer_extent)
     from ..runtime import cpu
     from ..runtime.cpu import JitModule, KernelLaunch
@@ -233,8 +233,7 @@ def build_cpu(graph, ctx):
         entry = jit.address(k.name + (RUN_SUFFIX if m == "whole" else PAR_SUFFIX)) if m != "chunks" else None
         bufs = jit.global_address(k.name + BUFS_SUFFIX) if m != "chunks" else None
         sites = tuple(check_sites(k))
-        failed = jit.global_address(k.name + FAILED_SUFFIX) if sites else None
-        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), k.name, m, entry, bufs, failed, sites)
+        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), k.name, m, entry, bufs, sites)
     program, detail = assemble(graph, ctx, kernels, launch, jit)
     detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=round(codegen_s * 1e3, 1))
     return program, detail

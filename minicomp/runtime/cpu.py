@@ -163,28 +163,31 @@ def launch_mode(work: int, extent: int) -> str:
 
 
 class KernelLaunch:
-    """One kernel: fills its pointer array from env slots and runs it (whole, or split across threads)."""
+    """One kernel: fills its pointer table from env slots and runs it (whole, or split across threads).
+
+    The table holds the buffers, then the address of this launch's flag word: a kernel with run-time
+    checks (a gather's index, an integer divisor) keeps going safely (index clamped, divisor 1),
+    sets bit j of the word for sites[j] = (exception name, message), and the launch raises after
+    the call. `private()` gives a copy with a table and a flag word of its own, for a call running
+    at the same time as this one (runtime/program.py)."""
 
     def __init__(self, fn_addr: int, slots: list, extent: int, name: str, mode: str = "whole",
-                 entry: int | None = None, bufs: int | None = None, failed_addr: int | None = None,
-                 sites: tuple = ()):
-        """`entry`: the address of <name>_run ("whole") or <name>_par ("openmp"); `bufs`: of <name>_bufs,
-        the pointer array those read (None: the kernel takes it as an argument, "chunks")."""
-        self.fn = _KERNEL_T(fn_addr)
-        # a kernel with run-time checks (a gather's index, an integer divisor) raises after a call in
-        # which one failed: it kept going safely (index clamped, divisor 1) and set bit j of the flags
-        # at failed_addr for sites[j] = (exception name, message)
-        self.failed = ctypes.c_int32.from_address(failed_addr) if failed_addr else None
+                 entry: int | None = None, bufs: int | None = None, sites: tuple = ()):
+        """`entry`: the address of <name>_run ("whole") or <name>_par ("openmp"), which read the
+        module's global table at `bufs` (<name>_bufs); mode "args" calls <name>(table, 0, extent)
+        with a table of its own, "chunks" splits that call over our thread pool."""
+        self.fn_addr, self.fn = fn_addr, _KERNEL_T(fn_addr)
+        self.failed = ctypes.c_int32(0) if sites else None
         self.sites = sites
         self.slots = slots
         self.mode = mode
         self.run = _RUN_T(entry) if mode == "whole" else None
         self.par = _PAR_T(entry) if mode == "openmp" else None
-        if bufs is not None:
-            self.ptrs = (ctypes.c_void_p * max(len(slots), 1)).from_address(bufs)
-        else:
-            self.ptrs = (ctypes.c_void_p * max(len(slots), 1))()
+        n = len(slots) + 1
+        self.ptrs = (ctypes.c_void_p * n).from_address(bufs) if bufs is not None else (ctypes.c_void_p * n)()
         self.ptrs_addr = ctypes.addressof(self.ptrs)
+        if self.failed is not None:
+            self.ptrs[len(slots)] = ctypes.addressof(self.failed)
         self.extent = extent
         self.name = name
         self.threads = min(threads(), extent)  # "chunks": fixed now; "openmp": read again at each call
@@ -193,6 +196,12 @@ class KernelLaunch:
             bounds = [extent * i // self.threads for i in range(self.threads + 1)]
             self.chunks = [(bounds[i], bounds[i + 1]) for i in range(self.threads)]
             self.pool = _pool()
+
+    def private(self) -> "KernelLaunch":
+        """This launch with its own pointer table and flag word: the whole range in one call on the
+        calling thread (several calls already run side by side), or our pool's chunks as before."""
+        mode = "chunks" if self.mode == "chunks" else "args"
+        return KernelLaunch(self.fn_addr, self.slots, self.extent, self.name, mode, sites=self.sites)
 
     def __call__(self, env: list) -> None:
         ptrs = self.ptrs
@@ -206,6 +215,9 @@ class KernelLaunch:
         lines = [f"P{k}[{i}] = {v(s)}.data_ptr()" for i, s in enumerate(self.slots)]
         if self.failed is not None or self.chunks is not None:
             return lines + [f"L{k}.launch()"]
+        if self.mode == "args":
+            ns[f"F{k}"] = self.fn
+            return lines + [f"F{k}({self.ptrs_addr}, 0, {self.extent})"]
         return lines + [f"R{k}()" if self.run is not None else f"R{k}(threads())"]
 
     def launch(self) -> None:
@@ -215,6 +227,8 @@ class KernelLaunch:
             # torch's setting at each call, as its own ops read it: torch.set_num_threads(1) in a
             # forked worker (a DataLoader's) keeps this call off the parent's OpenMP threads
             self.par(threads())
+        elif self.chunks is None:
+            self.fn(self.ptrs_addr, 0, self.extent)
         else:
             futures = [self.pool.submit(self.fn, self.ptrs_addr, lo, hi) for lo, hi in self.chunks[1:]]
             lo, hi = self.chunks[0]

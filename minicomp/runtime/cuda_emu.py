@@ -122,6 +122,11 @@ class EmuLaunch:
         self.args = (ctypes.c_void_p * max(len(slots), 1))(*[base + i * ctypes.sizeof(ctypes.c_void_p)
                                                                for i in range(len(slots))])
 
+    def private(self) -> "EmuLaunch":
+        """This launch with argument arrays of its own, for a call running beside this one (the
+        runtime takes one launch at a time; the arrays are filled before it is taken)."""
+        return EmuLaunch(self.module, self.name, self.cfg[0], self.cfg[3], self.cfg[6], self.slots)
+
     def __call__(self, env: list) -> None:
         for i, s in enumerate(self.slots):
             self.values[i] = env[s].data_ptr()

@@ -11,6 +11,7 @@ each, which for a 64 MB output takes longer than the kernel that fills it.
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 
@@ -90,7 +91,17 @@ class AsStrided:
 
 class Program:
     """`buffers` lists the slots kernels write: (slot, shape, dtype, arena offset, or None for a fresh
-    output each call). `keepalive` holds what the steps' code lives in (a JIT engine, a module)."""
+    output each call). `keepalive` holds what the steps' code lives in (a JIT engine, a module).
+
+    Calls may come from several threads at once (a server's workers, a DataLoader's collate). Each
+    call in flight runs on an executor of its own -- an arena, recycled outputs and kernel pointer
+    tables no other call touches -- checked out of a small pool for the call and put back after, so
+    calls run side by side instead of queueing on one lock. The first executor uses the kernels'
+    fastest entry points (buffer tables global to the JIT module); one built for a second caller
+    in flight gets private tables (KernelLaunch.private). Checking out and back is a list pop and
+    append: atomic under the GIL, a tenth of a microsecond."""
+
+    MAX_EXECUTORS = 16  # calls in flight at once; more wait for one to finish
 
     def __init__(self, n_inputs: int, constants: list, steps: list, buffers: list, outputs: list,
                  arena_bytes: int, n_slots: int, device="cpu", may_alias=(), recycle=True, contiguous_inputs=None,
@@ -103,55 +114,114 @@ class Program:
         self.may_alias = tuple(may_alias)  # output positions a torch op made: they may view the arena
         self.constants, self.buffers, self.arena_bytes, self.device = constants, buffers, arena_bytes, device
         self.n_slots, self.recycle = n_slots, recycle
-        self.template = None  # built on the first call: compilation may run under a fake-tensor mode
+        self._first: list = []   # the primary executor while it is idle (built on the first call:
+        self._idle: list = []    # compilation may run under a fake-tensor mode); idle private executors
+        self._count = 0
+        self._grow = threading.Condition()
 
-    def _setup(self) -> None:
-        template = [None] * self.n_slots
-        for i, c in enumerate(self.constants):
-            template[self.n_inputs + i] = c.contiguous()
-        arena = torch.empty(self.arena_bytes, dtype=torch.uint8, device=self.device) if self.arena_bytes else None
+    def primary(self) -> "Executor":
+        """The executor single-threaded calls run on (built now if no call has run yet)."""
+        if not self._count:
+            with self._grow:
+                if not self._count:
+                    self._first.append(Executor(self, self.steps))
+                    self._count = 1
+        return self._first[0] if self._first else None
+
+    def _checkout(self) -> "Executor":
+        try:
+            return self._first.pop()
+        except IndexError:
+            pass
+        try:
+            return self._idle.pop()
+        except IndexError:
+            pass
+        with self._grow:
+            while True:
+                if not self._count:  # the very first call
+                    self._count = 1
+                    return Executor(self, self.steps)
+                try:
+                    return self._first.pop() if self._first else self._idle.pop()
+                except IndexError:
+                    pass
+                if self._count < self.MAX_EXECUTORS:
+                    self._count += 1
+                    return Executor(self, [s.private() if hasattr(s, "private") else s for s in self.steps],
+                                    primary=False)
+                self._grow.wait()
+
+    def _checkin(self, ex: "Executor") -> None:
+        (self._first if ex.is_primary else self._idle).append(ex)
+        if self._count >= self.MAX_EXECUTORS:
+            with self._grow:
+                self._grow.notify()
+
+    def __call__(self, *inputs):
+        ex = self._checkout()
+        try:
+            if _profiler_on():  # a torch.profiler trace shows each kernel and torch call by name
+                return ex.loop(*inputs, traced=True)
+            return ex.run(*inputs)
+        finally:
+            self._checkin(ex)
+
+
+class Executor:
+    """One call's state: the env template (constants and arena views), the arena, the makers of fresh
+    outputs (recyclers), and the steps with their pointer tables."""
+
+    def __init__(self, program: Program, steps: list, primary: bool = True):
+        self.program, self.steps, self.is_primary = program, steps, primary
+        p = program
+        template = [None] * p.n_slots
+        for i, c in enumerate(p.constants):
+            template[p.n_inputs + i] = c.contiguous()
+        arena = torch.empty(p.arena_bytes, dtype=torch.uint8, device=p.device) if p.arena_bytes else None
         self.fresh = []
-        for slot, shape, dtype, offset in self.buffers:
+        cpu = torch.device(p.device).type == "cpu"
+        for slot, shape, dtype, offset in p.buffers:
             if offset is None:
                 nbytes = torch.Size(shape).numel() * dtype.itemsize
-                cpu = torch.device(self.device).type == "cpu"
-                if self.recycle and cpu and nbytes >= RECYCLE_MIN_BYTES:
-                    self.fresh.append((slot, Recycler(shape, dtype, self.device)))
+                if p.recycle and cpu and nbytes >= RECYCLE_MIN_BYTES:
+                    self.fresh.append((slot, Recycler(shape, dtype, p.device)))
                 elif cpu:
                     stride = torch.empty(shape, device="meta").stride()
                     self.fresh.append((slot, functools.partial(_empty_strided_cpu, tuple(shape), stride, dtype)))
                 else:
-                    self.fresh.append((slot, functools.partial(torch.empty, shape, dtype=dtype, device=self.device)))
+                    self.fresh.append((slot, functools.partial(torch.empty, shape, dtype=dtype, device=p.device)))
             else:
                 numel = torch.Size(shape).numel()
                 nbytes = max(1, numel) * dtype.itemsize
                 template[slot] = arena[offset:offset + nbytes].view(dtype)[:numel].view(shape)
         self.arena = arena
-        self.arena_range = (arena.data_ptr(), arena.data_ptr() + self.arena_bytes) if arena is not None else None
+        self.arena_range = (arena.data_ptr(), arena.data_ptr() + p.arena_bytes) if arena is not None else None
         self.template = template
-        self.run = self._straight_line() if all(hasattr(s, "emit") for s in self.steps) else self._loop
+        self.run = self._straight_line() if all(hasattr(s, "emit") for s in self.steps) else self.loop
 
     def _straight_line(self):
-        """The call as generated Python, one line a step, every slot a local: what `_loop` does, without
+        """The call as generated Python, one line a step, every slot a local: what `loop` does, without
         the list, the loops and the attribute lookups (a few microseconds on a small program)."""
+        p = self.program
         ns: dict = {"Tensor": torch.Tensor}
 
         def v(slot: int) -> str:
-            if self.template[slot] is not None and slot >= self.n_inputs:
+            if self.template[slot] is not None and slot >= p.n_inputs:
                 ns[f"C{slot}"] = self.template[slot]  # a constant or an arena view: fixed
                 return f"C{slot}"
             return f"s{slot}"
-        lines = [f"def run({', '.join(f's{i}' for i in range(self.n_inputs))}):"]
-        lines += [f"    if not s{i}.is_contiguous(): s{i} = s{i}.contiguous()" for i in self.contiguous_inputs]
+        lines = [f"def run({', '.join(f's{i}' for i in range(p.n_inputs))}):"]
+        lines += [f"    if not s{i}.is_contiguous(): s{i} = s{i}.contiguous()" for i in p.contiguous_inputs]
         for slot, make in self.fresh:
             ns[f"M{slot}"] = make
             lines.append(f"    s{slot} = M{slot}()")
         for k, step in enumerate(self.steps):
             lines += ["    " + line for line in step.emit(k, v, ns)]
-        outs = ["None" if o is None else v(o) for o in self.outputs]
+        outs = ["None" if o is None else v(o) for o in p.outputs]
         if self.arena_range is not None:  # never hand out memory the next call overwrites
             lo, hi = self.arena_range
-            for i in self.may_alias:
+            for i in p.may_alias:
                 lines.append(f"    o{i} = {outs[i]}")
                 lines.append(f"    if {lo} <= o{i}.data_ptr() < {hi}: o{i} = o{i}.clone()")
                 outs[i] = f"o{i}"
@@ -159,33 +229,27 @@ class Program:
         exec(compile("\n".join(lines) + "\n", "<minicomp program>", "exec"), ns)
         return ns["run"]
 
-    def __call__(self, *inputs):
-        if self.template is None:
-            self._setup()
-        if _profiler_on():  # a torch.profiler trace shows each kernel and torch call by name
-            return self._loop(*inputs, traced=True)
-        return self.run(*inputs)
-
-    def _loop(self, *inputs, traced=False):
+    def loop(self, *inputs, traced=False):
+        p = self.program
         env = list(self.template)
         for i, x in enumerate(inputs):
             env[i] = x
-        for i in self.contiguous_inputs:
+        for i in p.contiguous_inputs:
             if not env[i].is_contiguous():
                 env[i] = env[i].contiguous()
         for slot, make in self.fresh:
             env[slot] = make()
         if traced:
-            for step, name in zip(self.steps, self.names):
+            for step, name in zip(self.steps, p.names):
                 with torch.profiler.record_function(name):
                     step(env)
         else:
             for step in self.steps:
                 step(env)
-        outs = [None if o is None else env[o] for o in self.outputs]
+        outs = [None if o is None else env[o] for o in p.outputs]
         if self.arena_range is not None:  # never hand out memory the next call overwrites
             lo, hi = self.arena_range
-            for i in self.may_alias:
+            for i in p.may_alias:
                 if lo <= outs[i].data_ptr() < hi:
                     outs[i] = outs[i].clone()
         return outs

@@ -137,12 +137,12 @@ def test_cpu_programs_run_as_straight_line_code_and_profiling_times_each_kernel(
     def f(x, w):
         return torch.softmax(x @ w, -1).t().contiguous() + 1
     x, w = torch.randn(64, 32), torch.randn(32, 16)
-    plain = _program_of(minicomp.compile(f, backend="cpu"), x, w)
+    plain = _program_of(minicomp.compile(f, backend="cpu"), x, w).primary()
     assert plain.run.__name__ == "run" and plain.run.__code__.co_filename == "<minicomp program>"
     monkeypatch.setenv("MINICOMP_PROFILE", "1")
     c = minicomp.compile(f, backend="cpu")
-    profiled = _program_of(c, x, w)
-    assert profiled.run == profiled._loop
+    profiled = _program_of(c, x, w).primary()
+    assert profiled.run == profiled.loop
     for _ in range(3):
         torch.testing.assert_close(c(x, w), f(x, w))
     assert c.report().kernels and all(k.time_s > 0 for k in c.report().kernels)
