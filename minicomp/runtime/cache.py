@@ -1,16 +1,27 @@
 """On-disk cache of compiled artifacts (CPU object code, CUBIN), shared by the backends.
 
 Where: $MINICOMP_CACHE_DIR, else $XDG_CACHE_HOME/minicomp, else ~/.cache/minicomp. Keys are
-hashes of everything that determines the bytes (source text, target, options, tool versions).
-Writes go to a temporary file renamed into place, so a reader never sees half an entry. Each entry
-starts with the sha256 of its bytes: a truncated or corrupted file (loaded blindly, machine code
-would crash the process) fails the check, is dropped, and the caller recompiles.
+hashes of everything that determines the bytes (source text, target, options, tool versions), and
+every key includes this format's VERSION. Writes go to a temporary file renamed into place, so a
+reader never sees half an entry (two processes writing one key at once both write whole files; the
+last rename wins). Each entry starts with the sha256 of its bytes: a truncated or corrupted file
+(loaded blindly, machine code would crash the process) fails the check, is dropped, and the caller
+recompiles. A folder that cannot be written costs recompiles and one warning. The folder is kept
+under $MINICOMP_CACHE_MAX_MB (default 1024): a write that takes it over drops the entries least
+recently used (a read refreshes an entry's time) until it is back under 80% of that.
+`python -m minicomp.cache --clear` empties it.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
+
+VERSION = "minicomp-cache-2"
+DEFAULT_MAX_MB = 1024
+_warned: list = []
+log = logging.getLogger("minicomp")
 
 
 def cache_dir() -> str:
@@ -21,9 +32,16 @@ def cache_dir() -> str:
     return d
 
 
+def max_bytes() -> int:
+    try:
+        return int(float(os.environ.get("MINICOMP_CACHE_MAX_MB", DEFAULT_MAX_MB)) * (1 << 20))
+    except ValueError:
+        return DEFAULT_MAX_MB << 20
+
+
 def key(*parts: str) -> str:
     h = hashlib.sha256()
-    for p in parts:
+    for p in (VERSION,) + parts:
         h.update(p.encode() if isinstance(p, str) else p)
         h.update(b"\0")
     return h.hexdigest()
@@ -40,6 +58,10 @@ def get(kind: str, k: str) -> bytes | None:
     if len(blob) < 32 or hashlib.sha256(data).digest() != digest:
         drop(kind, k)
         return None
+    try:
+        os.utime(path)  # used: the last to be evicted
+    except OSError:
+        pass
     return data
 
 
@@ -51,8 +73,13 @@ def put(kind: str, k: str, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(hashlib.sha256(data).digest() + data)
         os.replace(tmp, os.path.join(d, k))
-    except OSError:
-        pass  # a read-only or full disk costs a recompile next time, nothing else
+    except OSError as e:  # a read-only or full disk costs a recompile next time, nothing else
+        if not _warned:
+            _warned.append(True)
+            log.warning("minicomp: cannot write the compile cache in %s (%s): compiled code will not be reused "
+                        "across processes", cache_dir(), e.strerror or e)
+        return
+    evict(max_bytes())
 
 
 def drop(kind: str, k: str) -> None:
@@ -60,3 +87,41 @@ def drop(kind: str, k: str) -> None:
         os.remove(os.path.join(cache_dir(), kind, k))
     except OSError:
         pass
+
+
+def entries() -> list:
+    """(last used, bytes, path) of every entry, oldest first."""
+    out = []
+    for root, _, files in os.walk(cache_dir()):
+        for f in files:
+            path = os.path.join(root, f)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            out.append((st.st_mtime, st.st_size, path))
+    return sorted(out)
+
+
+def evict(limit: int) -> int:
+    """Drop the least recently used entries while the folder holds more than `limit` bytes (down to
+    80% of it); returns the bytes dropped."""
+    found = entries()
+    total = sum(size for _, size, _ in found)
+    if total <= limit:
+        return 0
+    dropped = 0
+    for _, size, path in found:
+        if total - dropped <= 0.8 * limit:
+            break
+        try:
+            os.remove(path)
+            dropped += size
+        except OSError:
+            pass
+    return dropped
+
+
+def clear() -> int:
+    """Remove every entry; returns the bytes freed."""
+    return evict(-1) if entries() else 0

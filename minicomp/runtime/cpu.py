@@ -33,7 +33,7 @@ _OPENMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
 _lock = threading.Lock()
 _state: dict = {}
 PARALLEL_MIN_WORK = 1 << 15  # elements below which a split costs more than it gains: ATen's grain size (a GPT block: 0.91 -> 0.74x eager)
-VERSION = "minicomp-cpu-2"
+VERSION = "minicomp-cpu-3"  # 3: buffer tables end with the flag word's address
 
 
 def _new_target_machine():
