@@ -16,6 +16,7 @@ import inspect
 import logging
 import threading
 import types
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -131,6 +132,9 @@ class CompiledModule:
         self._fast: _Fast | None = None
         self._warned_limit = False
         self._lock = threading.Lock()  # one compile at a time: threads racing on a new signature build it once
+        # Dynamo keeps what it compiled alive after this callable is gone (its caches hang off code
+        # objects it still references): release the programs' arenas and machine code with us
+        weakref.finalize(self, _release, self._report.runs)
         self.__wrapped__ = model
         self.__doc__ = getattr(model, "__doc__", None)
 
@@ -227,6 +231,14 @@ class CompiledModule:
 
     def __repr__(self) -> str:
         return f"CompiledModule({self.model!r}, backend={self.options.backend!r})"
+
+
+def _release(runs: list) -> None:
+    for run in runs:
+        release = getattr(run, "release", None)
+        if release is not None:
+            release()
+    runs.clear()
 
 
 def compile(model_or_fn, *, backend: str = "auto", debug=False, remat: bool = True, cuda_graphs: bool = True,

@@ -94,6 +94,7 @@ class Report:
     partitions: list = field(default_factory=list)  # training graphs: what the forward saves (PartitionReport)
     steps: list = field(default_factory=list)       # profiled programs' steps, timed (StepReport)
     refusals: list = field(default_factory=list)    # profiled graphs: "graph: producer -> consumer: why"
+    runs: list = field(default_factory=list, repr=False)  # the programs built, released with their callable
 
     @property
     def saved_bytes(self) -> int:

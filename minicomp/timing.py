@@ -85,3 +85,19 @@ def grid(rows: list, columns: list) -> list:
     def line(cells):
         return "  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     return [line(heads), line(["-" * w for w in widths])] + [line(b) for b in body]
+
+
+def peak_bytes(call) -> int:
+    """The most memory `call()` holds at once beyond what was allocated before it, from the
+    profiler's record of every allocation and free (CPU tensors, and GPU ones on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, profile_memory=True) as prof:
+        call()
+    # an op's allocations are its own (self) memory, at its start; frees are "[memory]" events
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    held = peak = 0
+    for e in events:
+        held += e.self_cpu_memory_usage + e.self_device_memory_usage
+        peak = max(peak, held)
+    return peak

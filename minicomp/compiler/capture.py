@@ -170,6 +170,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
         return out
     boxed._boxed_call = True
     boxed.run, boxed.plain = run, plain
+    report.runs.append(run)
     return boxed
 
 

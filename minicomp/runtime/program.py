@@ -118,6 +118,8 @@ class Program:
         self._idle: list = []    # compilation may run under a fake-tensor mode); idle private executors
         self._count = 0
         self._grow = threading.Condition()
+        self._released = False
+        self.keepalive = None
 
     def primary(self) -> "Executor":
         """The executor single-threaded calls run on (built now if no call has run yet)."""
@@ -158,7 +160,16 @@ class Program:
             with self._grow:
                 self._grow.notify()
 
+    def release(self) -> None:
+        """Free the arenas, recycled outputs and machine code (the callable that owned this program
+        is gone); a later call is an error, not a use of freed code."""
+        self.steps, self.keepalive, self._released = [], None, True
+        self._first.clear()
+        self._idle.clear()
+
     def __call__(self, *inputs):
+        if self._released:
+            raise RuntimeError("minicomp: this program was released with the compiled callable that owned it")
         ex = self._checkout()
         try:
             if _profiler_on():  # a torch.profiler trace shows each kernel and torch call by name

@@ -275,3 +275,57 @@ def test_a_value_and_a_reshape_of_it_share_one_loop_nest():
 def test_prefix_reshape(a, b, ok):
     from minicomp.compiler.kernelize import prefix_reshape
     assert prefix_reshape(a, b) is ok and prefix_reshape(b, a) is ok
+
+
+def _unread_kernel_results(graph):
+    read = {a for n in graph.nodes for a in n.args} | {o for o in graph.outputs if o is not None}
+    return [f"{n.args[0].attrs['name']}[{n.attrs['index']}]" for n in graph.nodes
+            if n.op == "getitem" and n.args[0].op == "kernel" and n not in read]
+
+
+@pytest.mark.parametrize("name", ["norm_stack", "gpt_block", "mixer"])
+def test_no_kernel_writes_a_value_nobody_reads(name, monkeypatch):
+    """Values stored so other kernels could read them, whose readers all end up in the kernel that
+    computes them (the fixed point merged them), are not written: two LayerNorms with a GELU between
+    them once wrote their means, variances and centred values (4x the bytes)."""
+    from minicomp.compiler import capture, pipeline
+    from minicomp.models import Block, MixerBlock, NormStack
+    model, x = {"norm_stack": (NormStack(64, 3), torch.randn(4, 32, 64)),
+                "gpt_block": (Block(64, 4, 32), torch.randn(2, 32, 64)),
+                "mixer": (MixerBlock(32, 64), torch.randn(2, 32, 64))}[name]
+    seen = []
+
+    def spy(graph, ctx):
+        seen.append(graph)
+        return graph
+    monkeypatch.setattr(pipeline, "PASSES", pipeline.PASSES + [("spy", spy)])
+    monkeypatch.setattr(capture, "_built", type(capture._built)())  # no memo of an earlier build
+    compiled = minicomp.compile(model.eval(), backend="cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert seen and all(not _unread_kernel_results(g) for g in seen), [_unread_kernel_results(g) for g in seen]
+
+
+
+
+def test_freed_neighbours_hold_a_value_twice_their_size():
+    """Two 256-byte blocks freed side by side take a 512-byte value: the arena is the peak of what
+    is live at once (768 B here), not the sum of every shape seen."""
+    from types import SimpleNamespace
+
+    from minicomp.compiler.passes import plan_memory
+    from minicomp.ir import Graph, Node
+    from minicomp.ir.types import TensorType
+    x = Node("input", (), {}, TensorType((64,), "f32"), "x")
+
+    def kern(name, args, *shapes):
+        k = Node("kernel", tuple(args), {"name": name}, tuple(TensorType(s, "f32") for s in shapes))
+        return [k] + [Node("getitem", (k,), {"index": i}, TensorType(s, "f32")) for i, s in enumerate(shapes)]
+    k0 = kern("k0", [x], (64,), (64,))          # a, b: 256 B each
+    k1 = kern("k1", k0[1:], (64,))              # c reads a, b: 256 B at 512
+    k2 = kern("k2", [k1[1]], (128,))            # d, 512 B: a and b are free, adjacent
+    k3 = kern("k3", [k2[1]], (64,))             # the output
+    g = Graph("plan", [x], k0 + k1 + k2 + k3, [k3[1]], {})
+    ctx = SimpleNamespace(kernel_ops=set())
+    plan_memory.run(g, ctx)
+    assert k2[1].meta["arena_offset"] == 0 and ctx.arena_bytes == 768

@@ -48,6 +48,7 @@ def build_graph(graph: Graph, sch: Schedule) -> Graph:
     picked with getitem. node.meta['kernel'] holds the Kernel, meta['io'] maps its buffers."""
     remap: dict = {n: n for n in graph.inputs}
     nodes: list = []
+    read = _read_from_memory(graph, sch)
     for n in graph.nodes:
         if n.op == "constant":
             remap[n] = n
@@ -59,7 +60,9 @@ def build_graph(graph: Graph, sch: Schedule) -> Graph:
             nodes.append(copy)
             continue
         b = step.builder
-        stored = [r for r in step.roots if r in sch.materialized]
+        # a value stored so that other kernels could read it, whose readers all ended up in the kernel
+        # that computes it (which inlines it), is not written at all
+        stored = [r for r in step.roots if r in sch.materialized and r in read]
         kernel = b.build(set(stored))
         kernel.comment = f"{' '.join(kernel.ops)} over {kernel.domain_str()}"
         written = {s.buf for s in kernel.inner_stores + kernel.outer_stores}
@@ -82,6 +85,14 @@ def build_graph(graph: Graph, sch: Schedule) -> Graph:
             remap[r] = g
     outputs = [None if o is None else remap[o] for o in graph.outputs]
     return Graph(graph.name, graph.inputs, nodes, outputs, graph.constants)
+
+
+def _read_from_memory(graph: Graph, sch: Schedule) -> set:
+    """Values something reads from memory: a kernel's loads, a torch op's operands, graph outputs."""
+    read = {o for o in graph.outputs if o is not None}
+    for step in sch.steps:
+        read.update(step.builder.buf_pos if isinstance(step, KernelStep) else step.args)
+    return read
 
 
 def _account(kernel, written) -> None:

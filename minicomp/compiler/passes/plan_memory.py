@@ -26,6 +26,17 @@ def _alias_roots(node):
     return out
 
 
+def _coalesce(blocks: list) -> list:
+    """Free blocks sorted by offset, neighbours merged (two freed halves hold a value twice their size)."""
+    out: list = []
+    for off, size in sorted(blocks):
+        if out and out[-1][0] + out[-1][1] == off:
+            out[-1] = (out[-1][0], out[-1][1] + size)
+        else:
+            out.append((off, size))
+    return out
+
+
 def run(graph: Graph, ctx) -> Graph:
     if ctx.kernel_ops is None:
         return graph
@@ -44,7 +55,7 @@ def run(graph: Graph, ctx) -> Graph:
     for n in graph.nodes:
         if n.op == "getitem" and n.args[0].op == "kernel" and n not in handed_out:
             results.setdefault(n.args[0], []).append(n)
-    free: list[tuple[int, int]] = []       # (offset, size) blocks free for reuse
+    free: list[tuple[int, int]] = []       # (offset, size) blocks free for reuse, coalesced
     live: list[tuple[int, int, int]] = []  # (last use, offset, size)
     top = 0
     for i, n in enumerate(graph.nodes):
@@ -55,14 +66,17 @@ def run(graph: Graph, ctx) -> Graph:
             (free.append((off, size)) if end < i else still.append((end, off, size)))
         live = still
         for r in results[n]:
+            free = _coalesce(free)
             size = (max(1, r.type.numel) * itemsize(r.type.dtype) + ALIGN - 1) // ALIGN * ALIGN
-            free.sort(key=lambda b: b[1])
-            for j, (off, fsize) in enumerate(free):  # best fit: the smallest free block that holds it
-                if fsize >= size:
-                    free.pop(j)
-                    if fsize > size:
-                        free.append((off + size, fsize - size))
-                    break
+            fits = [b for b in free if b[1] >= size]
+            if fits:  # best fit: the smallest free block that holds it
+                off, fsize = min(fits, key=lambda b: (b[1], b[0]))
+                free.remove((off, fsize))
+                if fsize > size:
+                    free.append((off + size, fsize - size))
+            elif free and free[-1][0] + free[-1][1] == top:  # the free block at the top, grown
+                off = free.pop()[0]
+                top = off + size
             else:
                 off = top
                 top += size
