@@ -108,6 +108,21 @@ def _signature(model, args, kwargs) -> tuple:
     return tuple(key)
 
 
+def _describe(args, kwargs) -> str:
+    """A call's signature as a user reads it: `(f32[4, 8] grad, i64[4], 2)`."""
+    def one(x):
+        if isinstance(x, torch.Tensor):
+            dt = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+                  torch.int64: "i64", torch.int32: "i32", torch.bool: "b8"}.get(x.dtype, str(x.dtype))
+            extra = (" grad" if x.requires_grad else "") + ("" if x.device.type == "cpu" else f" {x.device}")
+            extra += "" if x.is_contiguous() else f" strides={tuple(x.stride())}"
+            return f"{dt}[{', '.join(map(str, x.shape))}]{extra}"
+        return repr(x) if isinstance(x, _SCALARS) else type(x).__name__
+    parts = [one(x) for x in pytree.tree_leaves(args)] + [f"{k}={one(v)}" for k, v in kwargs.items()
+                                                          if not isinstance(v, (list, tuple, dict))]
+    return f"({', '.join(parts)})"
+
+
 def _short(reason: str) -> str:
     """Dynamo's graph-break reasons run to a dozen lines; keep the first and the explanation."""
     lines = [ln.strip() for ln in reason.strip().splitlines() if ln.strip()]
@@ -150,7 +165,7 @@ class CompiledModule:
                 entry = self._programs.get(key)  # another thread may have compiled it meanwhile
                 if entry is None:
                     if len(self._programs) >= self.options.max_programs:
-                        self._note_limit()
+                        self._note_limit(args, kwargs)
                         return self.model(*args, **kwargs)
                     return self._compile_and_run(key, args, kwargs)
         program, fast = entry
@@ -158,11 +173,14 @@ class CompiledModule:
             self._fast = fast
         return program(*args, **kwargs)
 
-    def _note_limit(self):
-        if not self._warned_limit:
+    def _note_limit(self, args, kwargs):
+        if not self._warned_limit:  # the first miss is named; later ones go to the debug log
             self._warned_limit = True
-            self._eager(f"max_programs={self.options.max_programs} input signatures already compiled; "
-                        "calls with new signatures run eagerly")
+            self._eager(f"max_programs={self.options.max_programs} input signatures already compiled; the call "
+                        f"{_describe(args, kwargs)} and later new signatures run eagerly (raise max_programs, "
+                        "or keep shapes and dtypes fixed)")
+        else:
+            log.debug("minicomp: max_programs reached; %s runs eagerly", _describe(args, kwargs))
 
     def _eager(self, msg: str):
         if msg not in self._report.eager:  # once per compiled callable, not once per program
@@ -175,7 +193,7 @@ class CompiledModule:
         # shapes off (Dynamo's frame state can outlive one program). Not dynamic=False: that patches
         # the config on every call (~4 us); a later recompile that still goes dynamic runs in torch.
         program = torch.compile(_trampoline(self.model), backend=backend, **_ISOLATE)
-        before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs)
+        before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs) + len(self._report.eager)
         try:
             with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True):
                 out = program(*args, **kwargs)
@@ -187,7 +205,7 @@ class CompiledModule:
         for reason, count in counters["graph_break"].items():
             if count > before.get(reason, 0):
                 self._eager(f"graph break (the code around it runs eagerly): {_short(reason)}")
-        if len(self._report.graphs) == graphs_before:
+        if len(self._report.graphs) + len(self._report.eager) == graphs_before:
             self._eager(f"no graph captured for call signature #{len(self._programs)} (nothing to compile, "
                         "or Dynamo skipped the frame): it runs eagerly")
         fast = _fast_path(self.model, key, args, program)

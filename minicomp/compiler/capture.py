@@ -118,9 +118,15 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
         log.warning("minicomp: %s", msg)
         report.eager.append(msg)
         return make_boxed_func(gm)
+    devices = {str(x.device.type) for x in example_inputs if isinstance(x, torch.Tensor)}
+    if devices - {"cpu", "cuda"}:  # meta, mps, xpu...: torch runs them as eager would
+        msg = (f"{kind} graph on {', '.join(sorted(devices - {'cpu', 'cuda'}))} tensors: minicomp compiles CPU "
+               "and CUDA tensors; it runs in torch")
+        log.warning("minicomp: %s", msg)
+        report.eager.append(msg)
+        return make_boxed_func(gm)
     t0 = time.perf_counter()
     name = f"{kind}_{next(_names)}"
-    devices = {str(x.device.type) for x in example_inputs if isinstance(x, torch.Tensor)}
     backend = resolve_backend(options.backend, "cuda" if "cuda" in devices else "cpu")
     ctx = make_context(options, name, backend, report)
     progress = Progress(name)
