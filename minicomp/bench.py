@@ -39,7 +39,7 @@ from minicomp.options import BACKENDS
 
 from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, TRAIN_CASES, make_case
 from minicomp.bench_train import format_train_table, run_train
-from minicomp.timing import grid, machine, set_threads, time_interleaved
+from minicomp.timing import grid, machine, peak_bytes, set_threads, time_interleaved
 
 TOLERANCE = 1e-4  # max abs error allowed, relative to max(1, max |eager output|)
 AGAIN_SAMPLES = 3  # warm recompiles timed per compiler (the median is shown)
@@ -136,6 +136,10 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
         fns["inductor"] = lambda: inductor(*inputs)
     t = time_interleaved(fns, reps, sync=torch.cuda.synchronize if device != "cpu" else lambda: None)
 
+    # peak memory of one call beyond what was held before it; minicomp's arena is held between calls,
+    # so it counts against us (the fresh-output program: a recycled output is memory never allocated)
+    eager_peak = peak_bytes(fns["eager"])
+    mc_peak = peak_bytes(fns["fresh"]) + sum(getattr(r, "arena_bytes", 0) for r in fresh.report().runs)
     moved = _nbytes(_tensors(inputs) + _state(fn) + _tensors(expected))
     copy_gbps = 2 * _nbytes([src]) / t["copy"] / 1e9
     gbps = moved / t["minicomp"] / 1e9
@@ -151,6 +155,7 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
         "bytes": moved, "gbps": gbps, "copy_gbps": copy_gbps, "pct_copy": 100 * gbps / copy_gbps,
         "compile_s": compile_s, "recompile_s": recompile_s, "own_s": own_s, "dynamo_s": dynamo_s,
         "inductor_compile_s": inductor_compile_s, "inductor_again_s": inductor_again_s,
+        "eager_peak_kib": eager_peak / 1024, "mc_peak_kib": mc_peak / 1024,
         "max_abs_err": err, "ok": ok, "notes": notes,
     }
 
@@ -189,6 +194,7 @@ COLUMNS = [  # (header, row key, format)
     ("compile s", "compile_s", "{:.2f}"), ("again s", "recompile_s", "{:.2f}"), ("own s", "own_s", "{:.2f}"),
     ("dynamo s", "dynamo_s", "{:.2f}"),
     ("inductor s", "inductor_compile_s", "{:.2f}"), ("ind. again s", "inductor_again_s", "{:.2f}"),
+    ("eager peak KiB", "eager_peak_kib", "{:.0f}"), ("mc peak KiB", "mc_peak_kib", "{:.0f}"),
     ("max abs err", "max_abs_err", "{:.1e}"),
 ]
 
@@ -208,7 +214,9 @@ def format_table(rows: list) -> str:
                    f"as Inductor's caches skip its own); own s = minicomp's part of that (building the program, loading machine code); "
                    f"dynamo s = Dynamo's trace alone (backend='eager', same rounds; its first call less its second): what no Dynamo-based compile goes under; "
                    f"fresh ms = minicomp with recycle_outputs=False: every output newly allocated, as eager and "
-                   f"Inductor do (the timed loops drop each result, so minicomp's default reuses its memory)")
+                   f"Inductor do (the timed loops drop each result, so minicomp's default reuses its memory); "
+                   f"peak KiB = the most one call holds beyond what was allocated before it (torch.profiler's "
+                   f"allocation record), minicomp's with fresh outputs and its arena added")
     out += [f"{r['case']}: {n}" for r in rows for n in r["notes"]]
     wrong = [r["case"] for r in rows if not r["ok"]]
     if wrong:
