@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROW_KEYS = {"case", "shape", "backend", "eager_ms", "minicomp_ms", "inductor_ms", "vs_eager", "vs_inductor",
             "bytes", "gbps", "copy_gbps", "pct_copy", "compile_s", "recompile_s", "own_s", "dynamo_s", "inductor_compile_s",
             "inductor_again_s", "fresh_ms", "fresh_vs_eager", "fresh_vs_inductor",
-            "max_abs_err", "ok", "notes"}
+            "eager_peak_kib", "mc_peak_kib", "max_abs_err", "ok", "notes"}
 
 
 def test_demo_matches_eager(capsys):
@@ -27,6 +27,8 @@ def test_bench_rows_and_table():
         assert r["ok"] and r["max_abs_err"] < 1e-5
         assert r["eager_ms"] > 0 and r["minicomp_ms"] > 0 and r["fresh_ms"] > 0 and r["copy_gbps"] > 0
     assert rows[0]["bytes"] == 2 * 4 * (1 << 20)  # cos_cos: read x once, write the result once
+    # eager holds cos(x) and cos(cos(x)) at once; the fused kernel writes only the result
+    assert rows[0]["eager_peak_kib"] == 2 * 4096 and rows[0]["mc_peak_kib"] == 4096
     table = bench.format_table(rows)
     assert "cos_cos" in table and "tiny_chain50" in table and "geomean over 2 correct" in table
 
@@ -35,7 +37,7 @@ def test_wrong_rows_are_marked_and_left_out_of_the_geomean():
     row = {"case": "c", "shape": "1", "eager_ms": 1.0, "minicomp_ms": 0.5, "inductor_ms": None, "vs_eager": 0.5,
            "vs_inductor": None, "gbps": 1.0, "copy_gbps": 2.0, "pct_copy": 50.0, "compile_s": 0.1,
            "recompile_s": 0.1, "own_s": 0.1, "dynamo_s": 0.1, "inductor_compile_s": None, "inductor_again_s": None, "fresh_ms": 0.6, "fresh_vs_eager": 0.6, "fresh_vs_inductor": None,
-           "max_abs_err": 1.0, "ok": False, "notes": []}
+           "eager_peak_kib": 2.0, "mc_peak_kib": 1.0, "max_abs_err": 1.0, "ok": False, "notes": []}
     table = bench.format_table([row, dict(row, case="d", vs_eager=2.0, max_abs_err=0.0, ok=True)])
     assert "WRONG" in table and "geomean over 1 correct case(s): mc/eager 2.00" in table
     assert "with fresh outputs: mc/eager 0.60" in table
