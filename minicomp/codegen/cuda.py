@@ -149,8 +149,13 @@ class _KernelGen:
         return f"MC_IN({idx}, {_lit(self.k.buffers[buf].numel - width + 1)})"
 
     def unravel(self, flat: str, vs, count: int | None = None) -> None:
-        """Declare the first `count` (default all) loop variables `vs` (row-major) from the flat index."""
+        """Declare the first `count` (default all) loop variables `vs` (row-major) from the flat index.
+        An empty loop (some size 0) never runs its body: its variables are 0, with no `/ 0` to emit."""
         stride = prod(vs)
+        if stride == 0:
+            for v in vs[:count]:
+                self.emit(f"const {self.idx_t} {v.name} = 0;  // empty loop: never reached")
+            return
         for i, v in enumerate(vs[:count]):
             stride //= v.size
             s = flat if stride == 1 else f"{flat} / {_lit(stride)}"
@@ -291,7 +296,7 @@ class _KernelGen:
     # -- the function --------------------------------------------------------------------------------
     def generate(self) -> str:
         k = self.k
-        if k.inner:
+        if self.strategy != "pointwise":
             self.row_kernel()
         else:
             self.pointwise()
@@ -300,7 +305,8 @@ class _KernelGen:
                            for i, b in enumerate(k.buffers))
         how = {"thread": "a thread per row", "warp": "a warp per row", "block": "a block per row"}.get(
             self.strategy, self.plan.label)
-        head = [f"// {k.name}: {k.kind} kernel over {k.domain_str()}, {how}, {self.idx_t} indices",
+        kind = "pointwise" if self.strategy == "pointwise" else "row"  # a reduction over size-1 dims has no inner loop
+        head = [f"// {k.name}: {kind} kernel over {k.domain_str()}, {how}, {self.idx_t} indices",
                 f"// fused: {' '.join(k.ops) or '(copy)'}"]
         for i, b in enumerate(k.buffers):
             shape = getattr(getattr(b.node, "type", None), "shape", None)

@@ -66,7 +66,7 @@ def plan(k: Kernel, exprs: list, warp_row_max: int = WARP_ROW_MAX) -> Plan:
     """`exprs`: every expression of the kernel (kernel.walk of its roots)."""
     rows, length = prod(k.outer), prod(k.inner)
     idx_t = "int" if _fits32(k, exprs) else "long long"
-    if not k.inner:
+    if not k.inner and not k.stages and not k.inner_stores:  # reductions over no dims or size-1 dims
         return Plan("pointwise", idx_t, rows, 1, _vector(k, exprs))
     if length <= THREAD_ROW_MAX or (_column(k) and rows >= COLUMN_MIN_ROWS):
         strategy = "thread"

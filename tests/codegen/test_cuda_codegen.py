@@ -247,3 +247,44 @@ def test_source_is_deterministic():
     a, _ = generate(case_kernels("reductions"))
     b, _ = generate(case_kernels("reductions"))
     assert a == b
+
+
+REDUCE_NO_LOOP = """graph f(%x: f32[], %y: f32[4,1], %i: i64[5,1]) -> (f32[], f32[], i64[4], f32[4,1], f32[4], i64[5]) {
+  %0: f32[] = sum %x [dims=(), keepdim=false]
+  %1: f32[] = amax %x [dims=(), keepdim=false]
+  %2: i64[4] = argmax %y [dim=1, keepdim=false]
+  %3: f32[4,1] = amax %y [dims=(1,), keepdim=true]
+  %4: f32[4] = sum %y [dims=(1,), keepdim=false]
+  %5: i64[5] = amin %i [dims=(1,), keepdim=false]
+  return %0, %1, %2, %3, %4, %5
+}
+"""
+
+
+def test_reductions_with_no_loop_are_row_kernels():
+    """A reduction of a 0-d tensor or over size-1 dims has no inner loop variable (size-1 dims get
+    none) but still has its reduction stage; it was taken for a pointwise kernel and its
+    accumulator looked up before any stage made it (KeyError)."""
+    kernels = text_kernels(REDUCE_NO_LOOP)
+    assert any(k.stages and not k.inner for k in kernels)
+    src, launches = generate(kernels)
+    assert all(la.strategy == "thread" for la in launches if any(k.stages for k in kernels if k.name == la.name))
+    assert "len = 1;" in src
+
+
+EMPTY = """graph f(%x: f32[0,3], %y: f32[3,0]) -> (f32[0,3], f32[0], f32[3], f32[3,0]) {
+  %0: f32[0,3] = exp %x
+  %1: f32[0] = sum %x [dims=(1,), keepdim=false]
+  %2: f32[3] = sum %y [dims=(1,), keepdim=false]
+  %3: f32[3,0] = neg %y
+  return %0, %1, %2, %3
+}
+"""
+
+
+def test_empty_loops_generate_without_dividing_by_zero():
+    """Unravelling a flat index over a loop of size 0 divided by 0 in the generator (ZeroDivisionError
+    for every empty tensor); such a loop never runs, its variables are 0."""
+    src, _ = generate(text_kernels(EMPTY))
+    assert "/ 0" not in src and "% 0" not in src
+    assert "empty loop: never reached" in src
