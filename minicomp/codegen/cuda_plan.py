@@ -23,6 +23,7 @@ WARP_ROW_MAX = 1024     # longest row a single warp reduces
 THREAD_ROW_MAX = 32     # rows this short get a thread each
 COLUMN_MIN_ROWS = 2048  # column reductions get a thread a row when that makes enough threads
 THREADS_PER_SM = 2048   # resident threads per SM on sm_80/sm_90
+MAX_BLOCK = 1024        # threads a block can have (and what a block reduction's 32 partials cover)
 VECTOR_MAX_COST = 64    # per-element op cost (op table weights) above which a kernel is compute-bound:
                         # wide accesses would not help, and V unrolled copies of the body cost compile time
 LIMIT32 = 1 << 30

@@ -191,7 +191,7 @@ def test_vector_path_checks_alignment_and_keeps_a_scalar_tail():
 
 def test_signature_and_comment():
     src, launches = generate(case_kernels("layer_norm"))
-    k = re.search(r'extern "C" __global__ void (k\d+)\(([^)]*)\)', src)
+    k = re.search(r'extern "C" __global__ void __launch_bounds__\(256\) (k\d+)\(([^)]*)\)', src)
     params = k.group(2).split(", ")
     assert params[0].startswith("const float* __restrict__ b0")
     assert all(re.fullmatch(r"(const )?\w[\w ]*\* __restrict__ b\d+", p) for p in params)
@@ -247,6 +247,42 @@ def test_source_is_deterministic():
     a, _ = generate(case_kernels("reductions"))
     b, _ = generate(case_kernels("reductions"))
     assert a == b
+
+
+def _declared_bounds(src):
+    return dict((name, int(n)) for n, name in re.findall(r"__global__ void __launch_bounds__\((\d+)\) (\w+)\(", src))
+
+
+@pytest.mark.parametrize("length, block", [(100, 256), (3000, 256), (10000, 512), (20000, 1024)])
+def test_every_kernel_declares_its_block_as_launch_bounds(length, block):
+    """ptxas must know a kernel's block size, or a 1024-thread block of a kernel it gave more than
+    64 registers a thread fails to launch (LAUNCH_OUT_OF_RESOURCES)."""
+    text = (f"graph f(%x: f32[3,{length}]) -> (f32[3,{length}], f32[3,{length}]) {{\n"
+            f"  %0: f32[3,1] = amax %x [dims=(1,), keepdim=true]\n  %1: f32[3,{length}] = sub %x %0\n"
+            f"  %2: f32[3,{length}] = exp %1\n  %3: f32[3,{length}] = neg %x\n  return %2, %3\n}}\n")
+    src, launches = generate(text_kernels(text))
+    bounds = _declared_bounds(src)
+    assert len(bounds) == len(launches) == src.count("__global__")
+    assert all(bounds[la.name] == la.block == la.bound for la in launches)
+    assert max(la.block for la in launches) == block
+
+
+def test_launch_caps_leave_the_source_alone():
+    """cuda_emu caps blocks (and grids) but runs the very source the cuda backend compiles: the
+    bounds stay the planned block, and a capped launch stays within them."""
+    kernels = case_kernels("layer_norm_long") + case_kernels("softmax_warp")
+    src, planned = generate(kernels)
+    capped_src, capped = generate(kernels, max_grid=2, max_block=128)
+    assert capped_src == src
+    assert [la.bound for la in capped] == [la.block for la in planned]
+    assert all(la.block <= min(128, la.bound) for la in capped)
+
+
+def test_block_knob_sets_every_launch_and_bound():
+    src, launches = generate(case_kernels("reductions"), block=1024)
+    assert {la.block for la in launches} == {1024} and set(_declared_bounds(src).values()) == {1024}
+    with pytest.raises(ValueError, match="whole warps"):
+        generate(case_kernels("reductions"), block=2048)
 
 
 REDUCE_NO_LOOP = """graph f(%x: f32[], %y: f32[4,1], %i: i64[5,1]) -> (f32[], f32[], i64[4], f32[4,1], f32[4], i64[5]) {

@@ -2,6 +2,7 @@
 sm_90, to CUBIN -- no GPU needed. All kernels go into one translation unit per architecture (one
 NVRTC call each: parsing cuda_fp16.h dominates a small compile)."""
 import dataclasses
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -55,7 +56,7 @@ def test_every_kernel_compiles_to_cubin(compiled, arch):
     binary = binaries[arch]
     assert binary.kind == "cubin" and binary.arch == arch
     assert binary.data[:4] == b"\x7fELF" and len(binary.data) > 10_000
-    for name in [line.split("void ")[1].split("(")[0] for line in source.splitlines() if "__global__ void" in line]:
+    for name in re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(", source):
         assert name.encode() in binary.data  # extern "C": unmangled entry points
 
 
