@@ -37,7 +37,8 @@ def _assert_close(actual, expected, what, rtol=None, atol=None):
 
 def assert_matches_eager(fn, *inputs, backend="interpret", grad=None, rtol=None, atol=None, **compile_kw):
     """Compile `fn` (module or function), run it on `inputs`, compare with eager: outputs, and when
-    anything requires grad (inputs or parameters), the gradients of sum(outputs * fixed weights).
+    anything requires grad (inputs or parameters), the gradients of sum(outputs * fixed weights),
+    the weights made on each output's device in its dtype (a CUDA model's outputs are on the GPU).
     Returns the compiled callable, for further checks (report, kernel counts)."""
     eager_fn = fn
     comp_fn = copy.deepcopy(fn) if isinstance(fn, torch.nn.Module) else fn
@@ -60,8 +61,8 @@ def assert_matches_eager(fn, *inputs, backend="interpret", grad=None, rtol=None,
         outs_e = [o for o in pytree.tree_leaves(expected) if isinstance(o, torch.Tensor) and o.requires_grad]
         outs_c = [o for o in pytree.tree_leaves(actual) if isinstance(o, torch.Tensor) and o.requires_grad]
         assert len(outs_e) == len(outs_c) and outs_e, "no differentiable outputs to compare gradients on"
-        gen = torch.Generator().manual_seed(0)
-        weights = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs_e]
+        gen = torch.Generator().manual_seed(0)  # drawn on the CPU (the same numbers on every device), then
+        weights = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs_e]  # moved
         loss_e = sum((o * w).sum() for o, w in zip(outs_e, weights))
         loss_c = sum((o * w).sum() for o, w in zip(outs_c, weights))
         ge = torch.autograd.grad(loss_e, [x for x in leaves_e], allow_unused=True)
