@@ -292,7 +292,11 @@ class KernelCodegen:
             self.failed = self.entry_alloca(I32)
             with self.b.goto_block(self.entry):
                 self.b.store(I32(0), self.failed)
-        bit = self.sites.index(site) if site in self.sites else len(self.sites) - 1
+        if site in self.sites:
+            bit = self.sites.index(site)
+        else:  # past the 32 bits, the last bit's exception stands for the rest; else check_sites missed it
+            assert len(self.sites) == 32, f"check site {site} not found by check_sites in {self.k.name}"
+            bit = 31
         flag = self.b.shl(self.b.zext(bad, I32), I32(bit))
         self.b.store(self.b.or_(self.b.load(self.failed), flag), self.failed)
 

@@ -127,9 +127,10 @@ def walk(roots) -> list:
             g = x.attrs.get("guard")
             if isinstance(g, KExpr) and id(g) not in seen:
                 stack.append((g, False))
-            for v in data_values(x.attrs["index"]) if x.op == "load" else ():
-                if id(v) not in seen:
-                    stack.append((v, False))
+            for name in ("index", "expr"):  # a load's address, an index op's value: both may read data
+                for v in data_values(x.attrs[name]) if isinstance(x.attrs.get(name), Expr) else ():
+                    if id(v) not in seen:
+                        stack.append((v, False))
     for r in roots:
         visit(r)
     return order

@@ -230,6 +230,23 @@ def test_out_of_range_indices_raise_like_eager(backend):
         torch.testing.assert_close(c(x, good), f(x, good))
 
 
+def test_a_gather_from_a_cat_of_scalars_checks_its_index(backend):
+    """Found by the fuzzer (seed 100388, a segfault): each cat part is a 0-d input, so the index read
+    from memory appears only in the parts' select conditions, which the kernel's check-site walk
+    missed; the check then shifted by bit -1 into a flag word never allocated."""
+    import minicomp
+
+    def f(a, i):
+        return torch.gather(torch.cat([a.reshape(1), a.reshape(1) * 2]), 0, i)
+    c = minicomp.compile(f, backend=backend)
+    a = torch.randn(())
+    for i in (torch.tensor([0]), torch.tensor([1]), torch.tensor([1, 0, 1])):
+        torch.testing.assert_close(c(a, i), f(a, i))
+    with pytest.raises((IndexError, RuntimeError), match="out of (range|bounds)"):  # as eager's
+        c(a, torch.tensor([2]))
+    torch.testing.assert_close(c(a, torch.tensor([1])), f(a, torch.tensor([1])))
+
+
 def test_out_of_range_index_in_a_threaded_gather():
     import minicomp
     x = torch.randn(4096, 512)
