@@ -20,6 +20,7 @@ zero on cuda_emu (a kernel cannot raise there).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import math
 import os
 import random
@@ -380,9 +381,16 @@ def main(argv=None) -> int:
     logging.getLogger("minicomp").setLevel(logging.ERROR)  # internal-lowering warnings are not findings
     counts, t0 = {}, time.perf_counter()
     failures = []
+    faulthandler.enable()  # a crash in generated code prints where it was
+    running = os.path.join(args.save, "running.txt") if args.save else None
+    if running:
+        os.makedirs(args.save, exist_ok=True)
     for backend in args.backend.split(","):
         for i in range(args.examples):
             torch._dynamo.reset()
+            if running:  # left behind by a hard crash (a segfault), naming the program that caused it
+                with open(running, "w") as f:
+                    f.write(f"{backend} seed {args.seed + i}\n")
             outcome, src, why = run_one(args.seed + i, backend)
             counts[(backend, outcome)] = counts.get((backend, outcome), 0) + 1
             if outcome in ("mismatch", "crash"):
@@ -395,6 +403,8 @@ def main(argv=None) -> int:
             if not args.quiet and (i + 1) % 100 == 0:
                 print(f"fuzz: {backend}: {i + 1}/{args.examples} programs, {time.perf_counter() - t0:.0f} s",
                       file=sys.stderr, flush=True)
+    if running:
+        os.remove(running)
     for backend in args.backend.split(","):
         tried = sum(v for (b, o), v in counts.items() if b == backend and o != "skip")
         print(f"{backend}: {tried} programs tried (seeds {args.seed}..{args.seed + args.examples - 1}), "
