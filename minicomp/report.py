@@ -97,6 +97,12 @@ class Report:
     runs: list = field(default_factory=list, repr=False)  # the programs built, released with their callable
 
     @property
+    def replay_bytes(self) -> int:
+        """Bytes CUDA Graph replay copies per call of every program (inputs into static buffers,
+        static outputs cloned), beyond what the kernels move."""
+        return sum(g.detail.get("replay_bytes", 0) for g in self.graphs)
+
+    @property
     def saved_bytes(self) -> int:
         """Activations the last training graph keeps between forward and backward."""
         return self.partitions[-1].saved_bytes if self.partitions else 0
@@ -105,6 +111,9 @@ class Report:
         lines = [f"minicomp report: {len(self.graphs)} graph(s), {len(self.kernels)} kernel(s)"]
         lines += ["  " + str(g) for g in self.graphs]
         lines += ["  " + str(p) for p in self.partitions]
+        if any("replay_bytes" in g.detail for g in self.graphs):
+            lines.append(f"  CUDA Graph replay copies {self.replay_bytes:,} B per call beyond the kernels' traffic "
+                         "(inputs into static buffers, outputs cloned), all graphs together")
         lines += ["  " + str(k) for k in self.kernels]
         lines += [f"  ran eagerly: {e}" for e in self.eager]
         return "\n".join(lines)

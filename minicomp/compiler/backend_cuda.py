@@ -8,6 +8,7 @@ an OS thread); the kernels are grid-stride, so their results do not depend on th
 """
 from __future__ import annotations
 
+import copy
 import os
 import time
 
@@ -62,33 +63,44 @@ def build_cuda_emu(graph, ctx):
     return program, detail
 
 
-def build_cuda(graph, ctx):
-    """NVRTC -> CUBIN for this GPU -> pycuda; the whole program replayed as a CUDA Graph unless
-    cuda_graphs=False (then each call runs the steps on the shared stream)."""
-    import torch
+def on_device(graph, device):
+    """`graph` with its tensor constants on `device`: a CPU `torch.tensor(2.0)` captured into a CUDA
+    program would be read by kernels as a host pointer. A shallow copy; the graph is not changed."""
+    moved = {name: t.to(device) for name, t in graph.constants.items()}
+    if all(moved[n] is t for n, t in graph.constants.items()):
+        return graph
+    graph = copy.copy(graph)
+    graph.constants = moved
+    return graph
 
+
+def build_cuda(graph, ctx):
+    """NVRTC -> CUBIN -> pycuda, on the device of the program's inputs, not the current one: what
+    depends on the device (the binary for its architecture and driver, the loaded module, constants
+    moved there, the arena) is made at the first call, when the inputs say which device that is
+    (runtime/cuda.py CudaRunner; a compile runs right before its first call anyway). The whole
+    program is replayed as a CUDA Graph unless cuda_graphs=False."""
     from ..runtime import nvrtc
-    from ..runtime.cuda import CudaLaunch, CudaModule, arch, context, on_stream
-    from ..runtime.cuda_graph import GraphReplay
-    from .backends import assemble
+    from ..runtime.cuda import CudaLaunch, CudaModule, CudaRunner
+    from .backends import assemble, check_devices
 
     t0 = time.perf_counter()
     kernels, source, launches = _generate(graph, ctx)
-    binary = nvrtc.compile(source, arch(), prelude_headers()) if kernels else None
-    module = CudaModule(binary.data, [k.name for k in kernels]) if kernels else None
-    codegen_s = time.perf_counter() - t0
+    names = [k.name for k in kernels]
+    detail = {"kernels": len(kernels), "arena_bytes": ctx.arena_bytes, "remat_bytes_saved": ctx.remat_bytes_saved,
+              "strategies": [launches[n].strategy for n in names],
+              "codegen_ms": round((time.perf_counter() - t0) * 1e3, 1), "cuda_graphs": ctx.options.cuda_graphs}
 
-    def launch(k, slots):
-        lc = launches[k.name]
-        return CudaLaunch(module, k.name, lc.grid, lc.block, lc.shared_bytes, slots)
-    program, detail = assemble(graph, ctx, kernels, launch, module, device=f"cuda:{torch.cuda.current_device()}")
-    stream = context()[2]
-    detail.update(strategies=[launches[k.name].strategy for k in kernels], codegen_ms=round(codegen_s * 1e3, 1),
-                  binary=binary.kind if binary else None, cuda_graphs=ctx.options.cuda_graphs)
-    if ctx.options.cuda_graphs:
-        return GraphReplay(program, stream), detail
+    def bind(where, dev, inputs):
+        binary = nvrtc.compile(source, dev.arch, prelude_headers(), driver=dev.driver_version) if kernels else None
+        module = CudaModule(dev, binary.data, names) if kernels else None
 
-    def run(*inputs):
-        with on_stream(stream):
-            return program(*inputs)
-    return run, detail
+        def launch(k, slots):
+            lc = launches[k.name]
+            return CudaLaunch(module, k.name, lc.grid, lc.block, lc.shared_bytes, slots)
+        program, more = assemble(on_device(graph, where), ctx, kernels, launch, module, device=str(where))
+        check_devices(ctx.name, [(f"input {i}", inputs[i]) for i in program.contiguous_inputs], where,
+                      "kernels read it")
+        detail.update(more, binary=binary.kind if binary else None, device=str(where))
+        return program
+    return CudaRunner(bind, detail, ctx.options.cuda_graphs, ctx.arena_bytes), detail

@@ -123,6 +123,18 @@ def static_views(graph, kernel_inputs, free=frozenset()) -> dict:
     return out
 
 
+def check_devices(graph_name: str, items, device, why: str = "the program reads it there") -> None:
+    """Refuse a tensor (name, tensor) that is not on the program's `device`, naming it: a kernel
+    given another device's pointer reads garbage or faults."""
+    import torch
+    want = torch.device(device)
+    for name, t in items:
+        d = t.device if isinstance(t, torch.Tensor) else None
+        if d is not None and (d.type != want.type or None not in (d.index, want.index) and d.index != want.index):
+            raise MinicompError(f"minicomp: {graph_name}: {name} ({tuple(t.shape)}, {t.dtype}) is on {d}, but the "
+                                f"program runs on {want} and {why}")
+
+
 def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
     """A fused graph's Program, for any backend: env slots for every value, one step per torch op,
     and `make_launch(kernel, slots)` for each kernel node (slots: its buffers' env slots in
@@ -177,7 +189,9 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
     # only a torch op's result can view the arena; kernel results and inputs never do
     may_alias = [i for i, o in enumerate(graph.outputs) if o is not None and o.op not in ("input", "constant")
                  and not (o.op == "getitem" and o.args[0].op == "kernel")]
-    program = Program(len(graph.inputs), [graph.constants[c.attrs["name"]] for c in constants], steps, buffers,
+    values = [graph.constants[c.attrs["name"]] for c in constants]
+    check_devices(ctx.name, [(f"constant {c.attrs['name']}", t) for c, t in zip(constants, values)], device)
+    program = Program(len(graph.inputs), values, steps, buffers,
                       [None if o is None else slot[o] for o in graph.outputs], ctx.arena_bytes, len(slot), device,
                       may_alias, recycle=ctx.options.recycle_outputs,
                       contiguous_inputs=[i for i, x in enumerate(graph.inputs) if x not in free], names=names)

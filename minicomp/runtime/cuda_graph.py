@@ -2,42 +2,85 @@
 
 pycuda has no graph API, so capture goes through `torch.cuda.CUDAGraph` on the stream our pycuda
 launches and torch's extern ops share (cuda.py): stream capture records every kernel on it, whoever
-launched it. After one eager warm-up call (lazy cuBLAS handles and workspaces must exist before
-capture), the program runs once under capture into static input/output buffers; each later call
-copies the inputs in -- except parameters, whose addresses are stable and are read in place -- replays,
-and returns clones of the static outputs (the next replay overwrites them).
+launched it. The first call runs eagerly (a warm-up: lazy cuBLAS handles and workspaces must exist
+before capture); the second captures -- in thread-local error mode, so a CUDA call another thread
+makes meanwhile (a DataLoader pinning memory) neither fails nor invalidates it -- and replays;
+later calls replay. A capture records no work: every call, the capturing one too, ends in a replay.
+
+A graph reads the addresses it was captured with. An input at the same address in the warm-up and
+the capture call (parameters, buffers, activations autograd hands back from a recycled block, a
+caller's static tensors) is read in place: the graph then reads whatever tensor is at that address
+at the call, and the address is checked every call. When it moves the graph is captured again --
+reading the new tensor in place the first time, copying it into a static buffer from the second
+move on (an input that moves every call). The others are copied into static buffers each call, and
+outputs are cloned (the next replay overwrites the static ones); `detail["replay_bytes"]` counts
+those copies and clones per call, and `report()` shows it.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
-from .cuda import on_stream
+MOVES_IN_PLACE = 1  # address changes an in-place input may have before it is copied instead
+
+
+def _key(x):
+    """What a graph depends on in an input: a tensor's address; any other value itself."""
+    return x.data_ptr() if isinstance(x, torch.Tensor) else ("value", x)
+
+
+def _nbytes(x) -> int:
+    return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
 
 
 class GraphReplay:
-    def __init__(self, program, stream: torch.cuda.ExternalStream):
-        self.program, self.stream = program, stream
+    """`api`: what provides CUDAGraph and graph() (torch.cuda; tests pass a stand-in)."""
+
+    def __init__(self, program, stream, detail: dict | None = None, api=None):
+        self.program, self.stream, self.api = program, stream, api
+        self.detail = detail if detail is not None else {}
         self.graph = None
-        self.calls = 0
+        self.calls = self.captures = 0
+        self.warm: list = []
+        self.lock = threading.Lock()
 
     def _capture(self, inputs) -> None:
-        self.static_in = [x if isinstance(x, torch.nn.Parameter) else x.clone() for x in inputs]
-        self.in_place = [isinstance(x, torch.nn.Parameter) for x in inputs]
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=self.stream):
-            self.static_out = self.program(*self.static_in)
+        from . import cuda
+        api = self.api or cuda.tc
+        self.keys = [_key(x) for x in inputs]
+        self.buffers = {i: torch.empty_like(x) for i, x in enumerate(inputs) if self.copied[i]}
+        args = [self.buffers.get(i, x) for i, x in enumerate(inputs)]
+        self.graph = None
+        graph = api.CUDAGraph()
+        with api.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
+            out = self.program(*args)
+        self.graph, self.static_out, self.captures = graph, out, self.captures + 1
+        self.detail.update(replay_bytes=sum(_nbytes(b) for b in self.buffers.values()) + sum(map(_nbytes, out)),
+                           replay_copies=len(self.buffers), captures=self.captures)
 
     def __call__(self, *inputs):
-        self.calls += 1
-        with on_stream(self.stream):
+        with self.lock:
+            self.calls += 1
             if self.calls == 1:  # warm-up
+                self.warm = [_key(x) for x in inputs]
                 return self.program(*inputs)
-            moved = self.graph is not None and any(
-                keep and dst.data_ptr() != src.data_ptr() for dst, src, keep in zip(self.static_in, inputs, self.in_place))
-            if self.graph is None or moved:  # first replay, or a parameter was replaced: (re)capture
+            if self.graph is None:
+                self.copied = [isinstance(x, torch.Tensor) and _key(x) != w for x, w in zip(inputs, self.warm)]
+                self.moves = [0] * len(inputs)
                 self._capture(inputs)
-            for dst, src, keep in zip(self.static_in, inputs, self.in_place):
-                if not keep:
-                    dst.copy_(src, non_blocking=True)
+            else:
+                moved = [i for i, x in enumerate(inputs) if not self.copied[i] and _key(x) != self.keys[i]]
+                if moved:
+                    for i in moved:
+                        self.moves[i] += 1
+                        self.copied[i] = isinstance(inputs[i], torch.Tensor) and self.moves[i] > MOVES_IN_PLACE
+                    self._capture(inputs)
+            for i, buf in self.buffers.items():
+                buf.copy_(inputs[i], non_blocking=True)
             self.graph.replay()
             return [None if o is None else o.clone() for o in self.static_out]
+
+    def release(self) -> None:
+        self.graph = self.static_out = self.buffers = None
+        self.program.release()
