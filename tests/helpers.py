@@ -35,22 +35,33 @@ def _assert_close(actual, expected, what, rtol=None, atol=None):
             assert a == e, f"{what}[{i}]: {a!r} != eager's {e!r}"
 
 
-def assert_matches_eager(fn, *inputs, backend="interpret", grad=None, rtol=None, atol=None, **compile_kw):
+def assert_matches_eager(fn, *inputs, backend="interpret", grad=None, rtol=None, atol=None, calls=1, **compile_kw):
     """Compile `fn` (module or function), run it on `inputs`, compare with eager: outputs, and when
     anything requires grad (inputs or parameters), the gradients of sum(outputs * fixed weights),
     the weights made on each output's device in its dtype (a CUDA model's outputs are on the GPU).
-    Returns the compiled callable, for further checks (report, kernel counts)."""
+    `calls`: call the compiled callable that many times, each on new values (floating inputs scaled
+    by 1 + call/4: the same signs, no recompile), comparing every call -- on `cuda` the second call
+    captures a CUDA Graph and the third replays it. Returns the compiled callable, for further
+    checks (report, kernel counts)."""
     eager_fn = fn
     comp_fn = copy.deepcopy(fn) if isinstance(fn, torch.nn.Module) else fn
     compiled = minicomp.compile(comp_fn, backend=backend, **compile_kw)
+    for call in range(calls):
+        scaled = inputs if call == 0 else pytree.tree_map(
+            lambda x: (x.detach() * (1 + call / 4)).requires_grad_(x.requires_grad)
+            if isinstance(x, torch.Tensor) and x.is_floating_point() else x, inputs)
+        _compare(eager_fn, comp_fn, compiled, scaled, grad, rtol, atol, f"call {call + 1}: " if calls > 1 else "")
+    return compiled
 
+
+def _compare(eager_fn, comp_fn, compiled, inputs, grad, rtol, atol, what):
     def clone(xs):
         return pytree.tree_map(lambda x: x.detach().clone().requires_grad_(x.requires_grad)
                                if isinstance(x, torch.Tensor) else x, xs)
     e_in, c_in = clone(inputs), clone(inputs)
     expected = eager_fn(*e_in)
     actual = compiled(*c_in)
-    _assert_close(actual, expected, "output", rtol, atol)
+    _assert_close(actual, expected, what + "output", rtol, atol)
 
     params_e = list(eager_fn.parameters()) if isinstance(eager_fn, torch.nn.Module) else []
     params_c = list(comp_fn.parameters()) if isinstance(comp_fn, torch.nn.Module) else []
@@ -67,5 +78,4 @@ def assert_matches_eager(fn, *inputs, backend="interpret", grad=None, rtol=None,
         loss_c = sum((o * w).sum() for o, w in zip(outs_c, weights))
         ge = torch.autograd.grad(loss_e, [x for x in leaves_e], allow_unused=True)
         gc = torch.autograd.grad(loss_c, [x for x in leaves_c], allow_unused=True)
-        _assert_close(list(gc), list(ge), "grad", rtol, atol)
-    return compiled
+        _assert_close(list(gc), list(ge), what + "grad", rtol, atol)
