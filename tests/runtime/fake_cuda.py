@@ -220,6 +220,7 @@ class RecordingProgram:
     def __init__(self, program, cuda: FakeCuda):
         self.program, self.cuda = program, cuda
         self.calls = 0
+        self.device = program.device
 
     def __call__(self, *args):
         self.calls += 1

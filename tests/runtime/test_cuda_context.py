@@ -153,3 +153,14 @@ def test_a_buffer_on_another_device_is_refused_by_name(monkeypatch):
     run, _, _ = cuda_program(lambda a: [a * torch.tensor(2.0)], x)
     with pytest.raises(MinicompError, match=r"constant \S+ \(\(\), torch.float32\) is on cpu, but the program runs on meta"):
         run(*meta(x))
+
+
+def test_the_torch_cuda_stand_in_matches_torch_cuda():
+    """Every torch.cuda call the runtime makes exists in this torch, with the keywords passed."""
+    import inspect
+    for name in ("init", "current_device", "get_device_capability", "ExternalStream", "current_stream", "stream",
+                 "CUDAGraph", "graph"):
+        assert hasattr(torch.cuda, name), name
+    assert {"stream", "capture_error_mode"} <= set(inspect.signature(torch.cuda.graph.__init__).parameters)
+    assert "device" in inspect.signature(torch.cuda.ExternalStream).parameters
+    assert hasattr(torch.cuda.Stream, "wait_stream") and hasattr(torch.cuda.CUDAGraph, "replay")

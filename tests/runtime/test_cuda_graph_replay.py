@@ -121,3 +121,26 @@ def test_capture_alone_computes_nothing():
     replay(x, w, b)
     out = replay(x, w, b)  # the capture
     assert replay.graph.replays == 1 and not any(o.isnan().any() for o in out)
+
+
+def test_a_host_scalar_is_frozen_into_the_graph_so_a_new_value_captures_again():
+    """A CPU scalar a torch op reads is a kernel argument in the captured graph, not an address."""
+    seen = []
+
+    class Program:  # a meta-device program that says which scalar each run (or replay) used
+        device = "meta"
+
+        def __call__(self, x, s):
+            seen.append(s.item())
+            return [x * s.item()]
+
+        def release(self):
+            pass
+    fake = FakeCuda(FakeDriver())
+    fake.drv.Device(0).retain_primary_context().push()
+    replay = GraphReplay(RecordingProgram(Program(), fake), FakeStream("ours"), {}, api=fake)
+    x = torch.empty(3, device="meta")
+    for value in (2.0, 2.0, 2.0, 3.0, 3.0):
+        replay(x, torch.tensor(value))
+    assert replay.detail["captures"] == 2 and replay.detail["replay_copies"] == 0
+    assert seen[-1] == 3.0, "the replay after the new value ran with it"
