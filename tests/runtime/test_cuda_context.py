@@ -164,3 +164,14 @@ def test_the_torch_cuda_stand_in_matches_torch_cuda():
     assert {"stream", "capture_error_mode"} <= set(inspect.signature(torch.cuda.graph.__init__).parameters)
     assert "device" in inspect.signature(torch.cuda.ExternalStream).parameters
     assert hasattr(torch.cuda.Stream, "wait_stream") and hasattr(torch.cuda.CUDAGraph, "replay")
+
+
+def test_the_drivers_version_is_checked_at_first_use(monkeypatch):
+    from minicomp.runtime import nvrtc
+    install(monkeypatch, driver_version=12080)  # a CUDA 12.8 driver under this machine's NVRTC 13
+    x = torch.randn(4)
+    run, _, _ = cuda_program(lambda a: [a + 1], x)
+    if nvrtc._pair(nvrtc.version())[0] <= 12:
+        pytest.skip("this NVRTC is not newer than the fake driver")
+    with pytest.raises(nvrtc.NvrtcError, match="the driver supports CUDA 12.8, older than this NVRTC's major"):
+        run(*meta(x))
