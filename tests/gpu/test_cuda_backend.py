@@ -16,7 +16,16 @@ def test_zoo_on_cuda(name, graphs):
     torch.manual_seed(0)
     model, inputs = ZOO[name]()
     inputs = tuple(x.cuda().requires_grad_(x.is_floating_point()) for x in inputs)
-    assert_matches_eager(model.cuda(), *inputs, backend="cuda", cuda_graphs=graphs, rtol=1e-4, atol=1e-4)
+    # three calls: warm-up, capture, replay (the backward's on autograd's device thread)
+    c = assert_matches_eager(model.cuda(), *inputs, backend="cuda", cuda_graphs=graphs, rtol=1e-4, atol=1e-4, calls=3)
+    assert all(g.detail.get("device") == "cuda:0" for g in c.report().graphs)
+
+
+def test_a_cpu_constant_runs_on_the_device():
+    c = minicomp.compile(lambda x: x * torch.tensor(2.0) + torch.tensor([1.0, 2.0, 3.0], device="cpu"), backend="cuda")
+    x = torch.randn(4, 3, device="cuda")
+    for _ in range(3):
+        torch.testing.assert_close(c(x), x * 2 + torch.tensor([1.0, 2.0, 3.0], device="cuda"))
 
 
 def test_graph_replay_sees_new_inputs_and_weights():
