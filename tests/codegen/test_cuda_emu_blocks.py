@@ -88,3 +88,24 @@ def test_long_rows_at_their_planned_block(length, block, monkeypatch):
     launches = _emu_matches_eager(fn, (x,), monkeypatch)
     assert {la.block for la in launches if la.strategy == "block"} == {block}
     assert all(la.block == la.bound for la in launches)
+
+
+# -- the smallest launches: no loop at all, or loops that never run ------------------------------------
+
+EDGES = {
+    "zero_d": (lambda x: (x.sum(), x.mean(), x.amax(), x.amin(), torch.logsumexp(x, 0), F.mse_loss(x, x * 2)),
+               lambda: (torch.tensor(1.5),)),
+    "size_one_dims": (lambda x, y: (F.layer_norm(x, (1,)), F.rms_norm(x, (1,)), y.amax(1, keepdim=True),
+                                    torch.where(y > 0, y.amax(1, keepdim=True), y).var(0), y.argmax(1)),
+                      lambda: (torch.randn(4, 1), torch.randn(5, 1))),
+    "empty": (lambda x, y: (x.exp(), x.sum(1), y.sum(1), y.repeat(2, 3), F.softmax(x, -1)),
+              lambda: (torch.randn(0, 3), torch.randn(3, 0))),
+}
+
+
+@pytest.mark.parametrize("name", EDGES)
+def test_reductions_without_loops_and_empty_tensors_run(name, monkeypatch):
+    """0-d reductions (a KeyError in the generator), reductions over size-1 dims (stored nothing) and
+    empty tensors (divided by zero while generating), run at a full block."""
+    fn, make = EDGES[name]
+    _emu_matches_eager(fn, make(), monkeypatch, block=1024)
