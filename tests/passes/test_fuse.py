@@ -329,3 +329,16 @@ def test_freed_neighbours_hold_a_value_twice_their_size():
     ctx = SimpleNamespace(kernel_ops=set())
     plan_memory.run(g, ctx)
     assert k2[1].meta["arena_offset"] == 0 and ctx.arena_bytes == 768
+
+
+def test_row_kernel_flops_count_per_row_work_once_per_row():
+    """rms_norm: x*x, the sum's add, x*r and *w per element; mean's div, +eps and rsqrt once per row
+    (loop-invariant), not per element (which put explain() at 165% of the compute roof)."""
+    import torch.nn.functional as F
+    import minicomp
+    rows, cols = 64, 256
+    x, w = torch.randn(rows, cols), torch.randn(cols)
+    c = minicomp.compile(lambda x, w: F.rms_norm(x, (cols,), w), backend="cpu")
+    torch.testing.assert_close(c(x, w), F.rms_norm(x, (cols,), w))
+    (k,) = c.report().kernels
+    assert rows * 4 * cols < k.flops <= rows * (4 * cols + 8), k.flops  # was 8 per element

@@ -112,11 +112,28 @@ def _account(kernel, written) -> None:
     inner = 1
     for v in kernel.inner:
         inner *= v.size
-    roots = [r.value for st in kernel.stages for r in st] + [s.value for s in kernel.inner_stores]
-    positional: dict = {}
-    per_inner = sum(_cost(e, positional) for e in walk(roots))
+    # each stage (a pass over the row) and the inner stores evaluate their own expressions, so a value
+    # two passes use is computed, and counted, twice; a part that reads no inner index (rsqrt of a
+    # finished mean) is loop-invariant: once per row
+    positional, invariant = {}, {}
+    per_inner = float(sum(len(st) for st in kernel.stages))  # each reduction's combine (add, max...)
+    per_row = 0.0
+    for group in [[r.value for r in st] for st in kernel.stages] + [[s.value for s in kernel.inner_stores]]:
+        for e in walk(group):
+            if inner > 1 and _invariant(e, invariant):
+                per_row += _cost(e, positional)
+            else:
+                per_inner += _cost(e, positional)
     per_outer = sum(_cost(e, positional) for e in walk([s.value for s in kernel.outer_stores]))
-    kernel.flops = int(outer * (inner * per_inner + per_outer))
+    kernel.flops = int(outer * (inner * per_inner + per_row + per_outer))
+
+
+def _invariant(e, memo: dict) -> bool:
+    """An expression of finished reductions and constants only: the same at every inner index."""
+    if id(e) not in memo:
+        memo[id(e)] = e.op in ("acc", "const") or (e.op not in ("load", "index") and bool(e.args)
+                                                   and all(_invariant(a, memo) for a in e.args))
+    return memo[id(e)]
 
 
 def _positional(e, memo: dict) -> bool:
