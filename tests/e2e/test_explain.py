@@ -98,3 +98,20 @@ def test_kernels_appear_by_name_in_a_profiler_trace():
     names = [ev.name for ev in prof.events()]
     assert any(n.startswith("minicomp inference_") and " k0 (" in n for n in names), names
     assert any(n.startswith("minicomp inference_") and " mm (matmul)" in n for n in names), names
+
+
+def test_a_refreshed_roofline_keeps_the_best_figures(monkeypatch, tmp_path):
+    """Measured under load, a refresh must not lower the roof (later explains then reported kernels at
+    10x their roof): each figure keeps the better of the cached and the new measurement."""
+    monkeypatch.setenv("MINICOMP_CACHE_DIR", str(tmp_path))
+    good = roofline.Roofline("m", "cpu", [1 << 20, 1 << 30], [50.0, 20.0], [40.0, 15.0], [90.0, 35.0],
+                             30.0, 300.0, 1e-6, 2e-6)
+    slow = roofline.Roofline("m", "cpu", [1 << 20, 1 << 30], [0.1, 25.0], [2.0, 1.0], [3.0, 40.0],
+                             3.0, 30.0, 5e-6, 1e-6)
+    measured = iter([good, slow])
+    monkeypatch.setattr(roofline, "measure", lambda backend, **kw: next(measured))
+    assert roofline.get("cpu", refresh=True) == good
+    got = roofline.get("cpu", refresh=True)
+    assert got.read_gbps == [50.0, 25.0] and got.copy_gbps == [90.0, 40.0] and got.write_gbps == [40.0, 15.0]
+    assert (got.vector_gflops, got.matmul_gflops, got.launch_s, got.torch_call_s) == (30.0, 300.0, 1e-6, 1e-6)
+    assert roofline.get("cpu") == got  # and that is what the cache now holds
