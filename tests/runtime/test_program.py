@@ -137,7 +137,8 @@ def test_cpu_programs_run_as_straight_line_code_and_profiling_times_each_kernel(
     def f(x, w):
         return torch.softmax(x @ w, -1).t().contiguous() + 1
     x, w = torch.randn(64, 32), torch.randn(32, 16)
-    plain = _program_of(minicomp.compile(f, backend="cpu"), x, w).primary()
+    compiled = minicomp.compile(f, backend="cpu")  # kept: a deleted callable releases its programs
+    plain = _program_of(compiled, x, w).primary()
     assert plain.run.__name__ == "run" and plain.run.__code__.co_filename == "<minicomp program>"
     monkeypatch.setenv("MINICOMP_PROFILE", "1")
     c = minicomp.compile(f, backend="cpu")
