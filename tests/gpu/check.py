@@ -1,6 +1,6 @@
 """The GPU check: one script, at most five minutes on one GPU from a bare machine with no network.
 
-    python tests/gpu/fetch_pycuda.py                 # once, on a machine with PyPI: pycuda's files in .gpu_wheels/
+    python tests/gpu/fetch_pycuda.py                 # once, on a machine with network access: pycuda's files in .gpu_wheels/
     python tests/gpu/check.py --quick                # on the GPU machine (carry .gpu_wheels/ there)
     python tests/gpu/check.py --backend cuda_emu --quick   # anywhere: the same logic on the emulator (CI)
 

@@ -1,6 +1,6 @@
 """Carry pycuda to a GPU machine that has no network.
 
-    python tests/gpu/fetch_pycuda.py            # here, with PyPI: files into .gpu_wheels/
+    python tests/gpu/fetch_pycuda.py            # here, with network access: files into .gpu_wheels/
     python tests/gpu/fetch_pycuda.py --install  # there, offline: build pycuda from .gpu_wheels/ and install it
 
 pycuda has no wheels: it is built from its source against the machine's CUDA headers and linked
@@ -86,7 +86,7 @@ def libcuda_dir(root: str, scratch: str) -> str:
 def install(folder: str = FOLDER) -> None:
     if not glob.glob(os.path.join(folder, "pycuda-*.tar.gz")):
         raise SystemExit(f"fetch_pycuda: no pycuda source in {folder}: run `python tests/gpu/fetch_pycuda.py` "
-                         "on a machine with PyPI and carry the folder")
+                         "on a machine with network access to the package index and carry the folder")
     root = cuda_root()
     with tempfile.TemporaryDirectory(prefix="pycuda-build-") as home:
         libdir = libcuda_dir(root, home)
