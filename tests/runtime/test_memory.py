@@ -49,6 +49,7 @@ def test_deleted_callable_frees_its_arena_and_code():
     assert all(a() is None for a in arenas), "an arena outlived its compiled callable"
     assert all(r.keepalive is None and not r.steps for r in runs), "machine code outlived its callable"
     freed = before - _rss()
+    print(f"\nmemory: deleting the callable freed {freed / 2**20:.1f} MiB of RSS; its arenas held {arena_bytes / 2**20:.1f} MiB")
     assert freed >= 0.75 * arena_bytes, f"RSS fell by {freed} bytes, the arena was {arena_bytes}"
     with pytest.raises(RuntimeError, match="released"):
         runs[0](x, w)
@@ -71,6 +72,7 @@ def test_many_calls_do_not_grow_the_process():
         grown = _rss() - start
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
     # 10,000 calls leaking one 2x16x64 f32 output each would be 80 MB; allow allocator noise only
+    print(f"\nmemory: RSS grew by {grown / 2**20:.2f} MiB over 10,000 inference calls")
     assert grown < 4 << 20, f"RSS grew by {grown / 2**20:.1f} MiB over 10,000 calls"
 
 
@@ -86,6 +88,7 @@ def test_training_calls_do_not_grow_the_process():
         compiled(x).sum().backward()
     gc.collect()
     grown = _rss() - start
+    print(f"\nmemory: RSS grew by {grown / 2**20:.2f} MiB over 1,000 training steps")
     assert grown < 4 << 20, f"RSS grew by {grown / 2**20:.1f} MiB over 1,000 training steps"
 
 
