@@ -80,7 +80,7 @@ def build_cuda(graph, ctx):
     moved there, the arena) is made at the first call, when the inputs say which device that is
     (runtime/cuda.py CudaRunner; a compile runs right before its first call anyway). The whole
     program is replayed as a CUDA Graph unless cuda_graphs=False."""
-    from ..runtime import nvrtc
+    from ..runtime import cubin, nvrtc
     from ..runtime.cuda import CudaLaunch, CudaModule, CudaRunner
     from .backends import assemble, check_devices
 
@@ -93,6 +93,8 @@ def build_cuda(graph, ctx):
 
     def bind(where, dev, inputs):
         binary = nvrtc.compile(source, dev.arch, prelude_headers(), driver=dev.driver_version) if kernels else None
+        if binary is not None and binary.kind == "cubin":  # a block that cannot launch: say which, before capture
+            cubin.check(binary.data, [launches[n] for n in names], dev.arch)
         module = CudaModule(dev, binary.data, names) if kernels else None
 
         def launch(k, slots):
