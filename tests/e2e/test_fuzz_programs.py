@@ -10,12 +10,13 @@ import torch
 
 from minicomp import fuzz
 
-CPU_SEEDS = range(0, 40)
+CPU_SEEDS = [*range(0, 40), 104795]  # + seeds the long run flagged
 EMU_SEEDS = range(0, 20)
 # found by the fuzzer and not fixed yet: (backend, seed) -> why, a strict xfail until it passes.
 # Fixed ones stay as regression tests in the seed ranges (cuda_emu 12: a variance of a keepdim amax
 # over a size-1 dim feeding a where -- a reduction with no loop the CUDA generator took for pointwise)
-KNOWN: dict = {}
+KNOWN: dict = {("cpu", 104795): "f16 cos(tanh(x) * 10) of a bf16 logsumexp cast to f16, fused: 0.06 from "
+                                 "eager (the same chain on an f16 input matches eager exactly); not yet explained"}
 
 
 def _params():
@@ -65,3 +66,4 @@ def test_tolerance_follows_the_coarsest_float_type_computed_in():
     off = [torch.tensor([1.0 + 1e-7], dtype=torch.float64)]
     assert fuzz.compare(off, want, "output") is not None
     assert fuzz.compare(off, want, "output", coarsest=fuzz.TOL["f32"]) is None
+
