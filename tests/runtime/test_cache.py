@@ -90,3 +90,21 @@ def test_two_processes_compile_into_one_folder_at_once(tmp_path):
                            timeout=300)
     assert third.returncode == 0, third.stderr[-2000:]
     assert third.stdout.split() == ["flipped", "False", "True"]  # a whole entry was there to corrupt
+
+
+def test_writes_do_not_walk_the_folder_each_time(monkeypatch, tmp_path):
+    """A write used to scan every entry for the size bound (0.4 s a write with 16k files): the folder
+    is scanned on the first write, when the running estimate passes the bound, and every
+    RESCAN_PUTS writes; the bound still holds."""
+    monkeypatch.setenv("MINICOMP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("MINICOMP_CACHE_MAX_MB", str(64 * 1024 / (1 << 20)))  # 64 KiB
+    scans = []
+    real = cache.entries
+    monkeypatch.setattr(cache, "entries", lambda: scans.append(1) or real())
+    for i in range(100):
+        cache.put("obj", f"k{i}", b"x" * 100)  # 13 KiB in all: under the bound
+    assert len(scans) == 1
+    for i in range(100):
+        cache.put("obj", f"big{i}", b"y" * 4096)  # 400 KiB: the bound evicts
+    total = sum(size for _, size, _ in real())
+    assert total <= 64 * 1024 and len(scans) < 60
