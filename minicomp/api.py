@@ -26,6 +26,7 @@ from torch._dynamo.utils import counters
 
 from .compiler.capture import make_backend
 from .errors import MinicompError
+from .ir.types import DTYPE_NAMES
 from .options import Options
 from .report import Report
 
@@ -112,8 +113,7 @@ def _describe(args, kwargs) -> str:
     """A call's signature as a user reads it: `(f32[4, 8] grad, i64[4], 2)`."""
     def one(x):
         if isinstance(x, torch.Tensor):
-            dt = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
-                  torch.int64: "i64", torch.int32: "i32", torch.bool: "b8"}.get(x.dtype, str(x.dtype))
+            dt = DTYPE_NAMES.get(x.dtype, str(x.dtype))  # the IR's names, as the report prints types
             extra = (" grad" if x.requires_grad else "") + ("" if x.device.type == "cpu" else f" {x.device}")
             extra += "" if x.is_contiguous() else f" strides={tuple(x.stride())}"
             return f"{dt}[{', '.join(map(str, x.shape))}]{extra}"

@@ -93,8 +93,9 @@ def _account(nbytes: int) -> None:
     limit = max_bytes()
     d = cache_dir()
     if _estimate["dir"] != d or _estimate["puts"] >= RESCAN_PUTS or _estimate["bytes"] + nbytes > limit:
-        total = sum(size for _, size, _ in entries())
-        _estimate.update(dir=d, bytes=total - evict(limit, total), puts=0)
+        found = entries()
+        total = sum(size for _, size, _ in found)
+        _estimate.update(dir=d, bytes=total - evict(limit, found), puts=0)
     else:
         _estimate["bytes"] += nbytes
         _estimate["puts"] += 1
@@ -121,12 +122,10 @@ def entries() -> list:
     return sorted(out)
 
 
-def evict(limit: int, total: int | None = None) -> int:
+def evict(limit: int, found: list | None = None) -> int:
     """Drop the least recently used entries while the folder holds more than `limit` bytes (down to
-    80% of it); returns the bytes dropped. `total`: the folder's size, when the caller just summed it."""
-    if total is not None and total <= limit:
-        return 0
-    found = entries()
+    80% of it); returns the bytes dropped. `found`: entries(), when the caller just listed them."""
+    found = entries() if found is None else found
     total = sum(size for _, size, _ in found)
     if total <= limit:
         return 0
