@@ -82,7 +82,7 @@ class Explanation:
     roofline: object
     refusals: list = field(default_factory=list)   # fusions not made, and why
     report: object = None                           # the compiled callable's report()
-    stages: dict = field(default_factory=dict)      # "000_forward_0/05_ir_after_fuse.txt" -> text: IR, kernels, sources
+    stages: dict = field(default_factory=dict)      # "000_forward_0/07_ir_after_fuse.txt" -> text: IR, kernels, sources
 
     @property
     def kernels(self) -> list:

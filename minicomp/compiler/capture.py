@@ -56,9 +56,7 @@ class Context:
     name: str
     kernel_ops: Optional[set] = None    # ops the backend's code generator has; None: no kernels
     flops_per_byte: float = 4.0         # the backend's compute/bandwidth balance (rematerialization)
-    source_graph: Any = None            # set by fuse: the tensor-level graph kernels were built from
-    schedule: Any = None
-    shared_only: set = field(default_factory=set)
+    fusion: Any = None                  # what the fusion stage decided (fuse.Fusion), for reports and tests
     remat_bytes_saved: int = 0
     arena_bytes: int = 0
     artifacts: dict = field(default_factory=dict)  # the backend's generated code, kept with a Built graph

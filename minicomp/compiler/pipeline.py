@@ -1,33 +1,38 @@
-"""The one ordered list of graph passes, and the driver that runs them with verification and dumps.
+"""The ordered pass lists, one per kind of backend, and the driver that runs them with verification
+and dumps. What is listed here is exactly what runs.
 
-The last four only act for backends that generate kernels (ctx.kernel_ops is not None); for
-`interpret` the graph stays at the tensor level.
+`interpret` runs the tensor-level graph op by op, so it gets the tensor passes only; a backend with
+kernels (cpu, cuda, cuda_emu) also splits large reductions, fuses (rematerialization included: one
+stage, whose result is the fused graph) and plans the arena.
 """
 from __future__ import annotations
 
 from ..ir import Graph, verify
-from .passes import cse, dce, fold_constants, fuse, plan_memory, rematerialize, simplify_views, split_reductions
+from .passes import cse, dce, fold_constants, fuse, plan_memory, simplify_views, split_reductions
 
-PASSES = [
+TENSOR_PASSES = [
     ("simplify_views", simplify_views.run),
     ("fold_constants", fold_constants.run),
     ("cse", cse.run),
     ("dce", dce.run),
+]
+KERNEL_PASSES = TENSOR_PASSES + [
     ("split_reductions", split_reductions.run),
     ("fuse", fuse.run),
-    ("rematerialize", rematerialize.run),
     ("plan_memory", plan_memory.run),
 ]
 
 
+def passes(ctx) -> list:
+    """The pass list for ctx's backend: tensor passes without kernel ops, kernel passes with them."""
+    return TENSOR_PASSES if ctx.kernel_ops is None else KERNEL_PASSES
+
+
 def run_passes(graph: Graph, ctx) -> Graph:
-    """ctx: has .options (verify flag) and .dump (a Dumper); passes may read more from it."""
-    for name, fn in PASSES:
+    """ctx: has .options (verify flag), .dump (a Dumper) and .kernel_ops; passes may read more from it."""
+    for name, fn in passes(ctx):
         graph = fn(graph, ctx)
         if ctx.options.verify:
             verify(graph)
         ctx.dump.stage(f"ir_after_{name}", graph.__str__)
-    if ctx.options.profile and getattr(ctx, "schedule", None) is not None:  # explain() lists what did not fuse
-        ctx.report.refusals += [f"{ctx.name}: {p} -> {c}: {pop} -> {cop}: {why}"
-                                for p, c, pop, cop, why in fuse.refusals(ctx.source_graph, ctx.schedule)]
     return graph

@@ -223,7 +223,7 @@ def test_an_operand_torch_would_copy_to_view_is_written_by_a_kernel():
     first, second = bmm.args
     assert first.op == "getitem" and first.args[0].op == "kernel"  # written by a kernel, no torch reshape
     assert second.op == "reshape" and second.args[0].op == "slice"  # torch views of a stored buffer
-    why = {n.op: reason for n, reason in ctx.schedule.why_materialized.items()}
+    why = {n.op: reason for n, reason in ctx.fusion.schedule.why_materialized.items()}
     assert why == {"reshape": "operand of bmm (runs in torch) (a torch view would copy)",
                    "add": "operand of bmm (runs in torch)"}
     assert [n.op for n in fused.nodes].count("reshape") == 1
@@ -298,7 +298,7 @@ def test_no_kernel_writes_a_value_nobody_reads(name, monkeypatch):
     def spy(graph, ctx):
         seen.append(graph)
         return graph
-    monkeypatch.setattr(pipeline, "PASSES", pipeline.PASSES + [("spy", spy)])
+    monkeypatch.setattr(pipeline, "KERNEL_PASSES", pipeline.KERNEL_PASSES + [("spy", spy)])
     monkeypatch.setattr(capture, "_built", type(capture._built)())  # no memo of an earlier build
     compiled = minicomp.compile(model.eval(), backend="cpu")
     with torch.no_grad():

@@ -5,18 +5,17 @@ import pathlib
 import pytest
 import torch
 
-from minicomp.compiler.pipeline import PASSES
+from minicomp.compiler.pipeline import TENSOR_PASSES
 from minicomp.ir import interpret, parse, verify
 
 from .check import random_inputs
 
 GOLDEN = pathlib.Path(__file__).parent.parent / "ir" / "golden"
-TENSOR_PASSES = [(name, fn) for name, fn in PASSES if name in ("simplify_views", "fold_constants", "cse", "dce")]
 
 
 @pytest.mark.parametrize("path", sorted(GOLDEN.glob("*.ir")), ids=lambda p: p.stem)
 def test_passes_keep_the_values_of_real_graphs(path):
-    assert len(TENSOR_PASSES) == 4
+    assert [name for name, _ in TENSOR_PASSES] == ["simplify_views", "fold_constants", "cse", "dce"]
     reference = parse(path.read_text())
     graph = parse(path.read_text())
     for name, fn in TENSOR_PASSES:

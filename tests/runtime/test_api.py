@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import minicomp
-from minicomp.compiler.pipeline import PASSES
+from minicomp.compiler.pipeline import KERNEL_PASSES, TENSOR_PASSES
 from minicomp.ir import parse
 
 from ..helpers import assert_matches_eager
@@ -375,14 +375,15 @@ def test_debug_level_2_from_the_environment_prints_ir_after_each_pass(capsys, mo
     c = compile_i(lambda x: torch.exp(x) + 1)
     c(torch.randn(3))
     err = capsys.readouterr().err
-    for name, _ in PASSES:
+    for name, _ in TENSOR_PASSES:  # interpret runs the tensor passes, and only those
         assert f": ir_after_{name} ---" in err
+    assert ": ir_after_fuse ---" not in err
     block = err.split(": ir_after_dce ---\n", 1)[1]
     graph = parse(block[:block.index("}\n") + 2])
     assert [n.op for n in graph.nodes] == ["exp", "full", "add"]
 
 
-def _check_dump(folder, n_graphs):
+def _check_dump(folder, n_graphs, passes=TENSOR_PASSES):
     folders = sorted(os.listdir(folder))
     assert [g[:4] for g in folders] == [f"{i:03d}_" for i in range(len(folders))]
     graphs = [g for g in folders if "_joint_" not in g]  # a training graph's cut has a folder of its own
@@ -391,8 +392,8 @@ def _check_dump(folder, n_graphs):
         files = sorted(os.listdir(os.path.join(folder, g)))
         assert all(re.fullmatch(r"\d\d_\w+\.txt", f) for f in files), files
         stages = [f[3:-4] for f in files]
-        want = ["fx", "ir"] + [f"ir_after_{name}" for name, _ in PASSES]
-        assert [s for s in stages if s in want] == want, "fx, then the IR, then the IR after each pass, in order"
+        want = ["fx", "ir"] + [f"ir_after_{name}" for name, _ in passes]
+        assert [s for s in stages if s.startswith(("fx", "ir"))] == want, "fx, then the IR, then the IR after each pass, in order"
         for f in files:
             if f[3:].startswith("ir"):
                 parse(open(os.path.join(folder, g, f)).read())
@@ -413,6 +414,16 @@ def test_debug_path_dumps_numbered_files_per_graph(tmp_path, capsys):
     assert "saved (" in cut and "recomputed in backward:" in cut
     for f in ("01_ir.txt", "03_ir_forward.txt", "04_ir_backward.txt"):
         parse((tmp_path / joint / f).read_text())
+
+
+def test_a_kernel_backend_dumps_exactly_the_kernel_pass_list(tmp_path):
+    """The pipeline's list is what runs: a cpu compile dumps the IR after each kernel pass, in order."""
+    c = minicomp.compile(lambda x: torch.cos(torch.cos(x)).sum(0), backend="cpu", debug=str(tmp_path))
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(c(x), torch.cos(torch.cos(x)).sum(0))
+    graph, = _check_dump(tmp_path, 1, KERNEL_PASSES)
+    last, = [f for f in os.listdir(tmp_path / graph) if f.endswith("_ir_after_plan_memory.txt")]
+    assert " = kernel " in (tmp_path / graph / last).read_text()
 
 
 def test_dump_dir_from_the_environment(tmp_path, monkeypatch):

@@ -1,17 +1,20 @@
-"""Fusion: rewrite the graph into kernels (plus the ops that run in torch).
+"""Fusion: rewrite the graph into kernels (plus the ops that run in torch), in one stage.
 
-Assumes: a simplified graph; ctx.kernel_ops names the pointwise/reduction ops the backend's code
-generator has (None: the interpret backend, which runs no kernels -- then this pass does nothing).
+Assumes: a simplified tensor-level graph; ctx.kernel_ops names the pointwise/reduction ops the
+backend's code generator has (the pipeline runs this stage only for backends that have kernels).
 Guarantees: every value is computed by exactly one `kernel` node or torch op; a value is written to
 memory only if it is a graph output, a torch op's operand, used by a reduction of another row shape,
-or shared by several kernels (rematerialize.py may then choose to recompute it instead).
-The fusion report (ctx.fusion) lists the kernels and every producer->consumer pair not fused, with why.
+or shared by several kernels and not worth recomputing (rematerialize.py decides, at the backend's
+flops-per-byte balance, when options.remat). The result is the fused graph and nothing else reads
+what was decided on the way: ctx.fusion records it (the schedule, the bytes recomputation saved)
+for the report, the dump's fusion report and explain()'s list of pairs not fused.
 """
 from __future__ import annotations
 
 from ...ir import OPS, Graph, Node
 from ...ir.kernel import walk
 from ..schedule import KernelStep, Schedule, required_buffers, schedule
+from . import rematerialize
 
 
 def shared_values(sch: Schedule) -> dict:
@@ -187,12 +190,29 @@ def fusion_report(graph: Graph, fused: Graph, sch: Schedule) -> str:
     return "\n".join(lines) + "\n"
 
 
+class Fusion:
+    """What the fusion stage decided, for reports and tests (no later pass reads it)."""
+
+    def __init__(self, schedule: Schedule, recomputed: set, remat_bytes_saved: int):
+        self.schedule, self.recomputed, self.remat_bytes_saved = schedule, recomputed, remat_bytes_saved
+
+
 def run(graph: Graph, ctx) -> Graph:
-    if ctx.kernel_ops is None:
-        return graph
     sch, shared_only = conservative_schedule(graph, ctx.kernel_ops)
-    ctx.source_graph, ctx.schedule, ctx.shared_only = graph, sch, shared_only
+    chosen, saved = set(), 0
+    if shared_only and ctx.options.remat:
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        chosen, saved = rematerialize.choose(sch, shared_only, ctx.flops_per_byte, order)
+    if chosen:  # schedule again with the chosen values inlined into every kernel that reads them
+        M, why, views = required_buffers(graph, ctx.kernel_ops)
+        M |= sch.materialized - chosen
+        why.update({n: r for n, r in sch.why_materialized.items() if n in M})
+        sch = schedule(graph, M, why, views, ctx.kernel_ops)
+    ctx.fusion = Fusion(sch, chosen, saved)
+    ctx.remat_bytes_saved = saved
     fused = build_graph(graph, sch)
     ctx.dump.stage("fusion_report", lambda: fusion_report(graph, fused, sch))
+    if ctx.options.profile:  # explain() lists what did not fuse
+        ctx.report.refusals += [f"{ctx.name}: {p} -> {c}: {pop} -> {cop}: {why}"
+                                for p, c, pop, cop, why in refusals(graph, sch)]
     return fused
-

@@ -38,8 +38,6 @@ def _coalesce(blocks: list) -> list:
 
 
 def run(graph: Graph, ctx) -> Graph:
-    if ctx.kernel_ops is None:
-        return graph
     outputs = {o for o in graph.outputs if o is not None}
     last_use = {}
     for i, n in enumerate(graph.nodes):

@@ -1,17 +1,16 @@
-"""Rematerialization for inference: recompute a cheap shared value instead of storing it.
+"""Rematerialization for inference: which cheap shared values to recompute instead of storing.
 
-Assumes: fuse.py ran and left ctx.schedule, ctx.source_graph, and ctx.shared_only (values stored
-only because several kernels use them). Guarantees: each such value is recomputed inside every
-kernel that uses it when the flops that adds cost less time than the bytes it saves (a write and
-one read per consumer, less any new inputs the consumers must then load), at the backend's
-flops-per-byte balance point (ctx.flops_per_byte); ctx.remat_bytes_saved totals the saving.
+Not a pass of its own: the fusion stage (fuse.py) asks `choose` about the values its conservative
+schedule stored only because several kernels use them, then schedules once more. A value is
+recomputed inside every kernel that uses it when the flops that adds cost less time than the bytes
+it saves (a write and one read per consumer, less any new inputs the consumers must then load), at
+the backend's flops-per-byte balance point. (Training's forward/backward cut is partition.py.)
 """
 from __future__ import annotations
 
-from ...ir import OPS, Graph
+from ...ir import OPS
 from ...ir.types import itemsize
-from ..schedule import KernelStep, required_buffers, schedule
-from .fuse import build_graph, fusion_report
+from ..schedule import KernelStep
 
 
 MAX_RECOMPUTE = 24  # op-table cost per element a recomputed value may inline (bounds chains of them)
@@ -66,23 +65,3 @@ def choose(sch, shared_only, flops_per_byte: float, order: dict):
             stored.discard(n)
             saved += benefit
     return chosen, saved
-
-
-def run(graph: Graph, ctx) -> Graph:
-    if ctx.kernel_ops is None or not getattr(ctx, "shared_only", None) or not ctx.options.remat:
-        ctx.remat_bytes_saved = 0
-        return graph
-    order = {n: i for i, n in enumerate(ctx.source_graph.nodes)}
-    chosen, saved = choose(ctx.schedule, ctx.shared_only, ctx.flops_per_byte, order)
-    ctx.remat_bytes_saved = saved
-    if not chosen:
-        return graph
-    src = ctx.source_graph
-    M, why, views = required_buffers(src, ctx.kernel_ops)
-    M |= ctx.schedule.materialized - chosen
-    why.update({n: r for n, r in ctx.schedule.why_materialized.items() if n in M})
-    sch = schedule(src, M, why, views, ctx.kernel_ops)
-    ctx.schedule = sch
-    fused = build_graph(src, sch)
-    ctx.dump.stage("fusion_report_after_remat", lambda: fusion_report(src, fused, sch))
-    return fused

@@ -8,7 +8,7 @@ A reduction over the leading dims to few columns -- a bias gradient, `dy.sum((0,
 same problem: its columns are its only parallel work. Its rows are split the same way: [R, K] ->
 [P, R/P, K], summed over R/P (P*K parallel columns), then over P.
 
-Assumes: a graph before fusion. Only for backends that generate kernels (ctx.kernel_ops not None),
+Assumes: a graph before fusion, for a backend that generates kernels (the kernel pass list),
 only sum/prod/amax/amin (associative, NaN propagates through both levels) of f32/f64 and integers:
 f16/bf16 partials would round before the second level, where one level rounds once.
 Guarantees: the result's type is unchanged; reductions of fewer than MIN_ELEMENTS elements, or whose
@@ -68,8 +68,6 @@ def _split_columns(n: Node, stored: set, ctx) -> list | None:
 
 
 def run(graph: Graph, ctx) -> Graph:
-    if ctx.kernel_ops is None:
-        return graph
     nodes, replace = [], {}
     stored = _stored_anyway(graph, ctx)
     for n in graph.nodes:
