@@ -5,7 +5,7 @@ The last four only act for backends that generate kernels (ctx.kernel_ops is not
 """
 from __future__ import annotations
 
-from ..ir import Graph, verify
+from ..ir import Graph, round_trip, verify
 from .passes import cse, dce, fold_constants, fuse, plan_memory, rematerialize, simplify_views, split_reductions
 
 PASSES = [
@@ -25,7 +25,7 @@ def run_passes(graph: Graph, ctx) -> Graph:
     for name, fn in PASSES:
         graph = fn(graph, ctx)
         if ctx.options.verify:
-            verify(graph)
+            round_trip(verify(graph))
         ctx.dump.stage(f"ir_after_{name}", graph.__str__)
     if ctx.options.profile and getattr(ctx, "schedule", None) is not None:  # explain() lists what did not fuse
         ctx.report.refusals += [f"{ctx.name}: {p} -> {c}: {pop} -> {cop}: {why}"
