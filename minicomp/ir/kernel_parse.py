@@ -7,6 +7,7 @@ Errors are ParseErrors naming the line.
 """
 from __future__ import annotations
 
+import json
 import re
 
 from .index import Expr, Var, _Op
@@ -14,7 +15,9 @@ from .kernel import Buffer, Kernel, KExpr, Reduction, Store
 from .text import Cursor, read_attrs, read_value, tokens
 from .types import DTYPES, itemsize
 
-_EXPR_TOKEN = re.compile(r"\s*(?:(-?\d+)|(//)|([A-Za-z_][A-Za-z0-9_]*)|([()*+%]))")
+_EXPR_TOKEN = re.compile(r"-?\d+|//|[A-Za-z_][A-Za-z0-9_]*|[()*+%]|\S")
+_EXPR_WORD = re.compile(r"-?\d+|//|[A-Za-z_][A-Za-z0-9_]*|[()*+%]")
+_NAME_ATTR = re.compile(r' \[name=("(?:[^"\\]|\\.)*")\]$')
 _VALUE = re.compile(r"(t\d+): (\w+) = (\w+)(.*)$")
 _REDUCTION = re.compile(r"(r\d+): (\w+) = (\w+) (t\d+)$")
 _STORE = re.compile(r"b(\d+)\[([^\]]*)\] = (t\d+)$")
@@ -32,13 +35,10 @@ class _Body:
 
     # -- index expressions -------------------------------------------------------------------------
     def expr(self, text: str) -> Expr:
-        toks, pos = [], 0
-        while pos < len(text.rstrip()):
-            m = _EXPR_TOKEN.match(text, pos)
-            if not m or m.end() == pos:
-                self.error(f"cannot read the index expression {text!r}")
-            toks.append(next(g for g in m.groups() if g is not None))
-            pos = m.end()
+        toks = _EXPR_TOKEN.findall(text)
+        bad = next((t for t in toks if not _EXPR_WORD.fullmatch(t)), None)
+        if bad is not None:
+            self.error(f"cannot read {bad!r} in the index expression {text!r}")
         self.toks, self.pos = toks, 0
         e = self._sum()
         if self.pos != len(toks):
@@ -187,7 +187,8 @@ def parse_kernel(body: list, node, env: dict, error) -> tuple[Kernel, list]:
                     p.error(f"buffer {src} is not an operand of the kernel")
                 io.append(("arg", j))
                 holder = node.args[j]
-            name = p.attrs(m.group(7)).get("name")
+            fast = _NAME_ATTR.match(m.group(7))
+            name = json.loads(fast.group(1)) if fast else p.attrs(m.group(7)).get("name")
             k.buffers.append(Buffer(name, m.group(2), int(m.group(3)), holder))
         elif re.fullmatch(r"stage \d+:", ln):
             if int(ln[6:-1]) != len(k.stages):

@@ -6,6 +6,8 @@ it, is read by kernel_parse.py into the node's meta (the Kernel and its io map).
 """
 from __future__ import annotations
 
+import re
+
 from .graph import Graph, Node
 from .kernel_parse import parse_kernel, resolve_outputs
 from .text import Cursor, ParseError, read_attrs, tokens
@@ -38,8 +40,34 @@ def _type(c: Cursor):
     return TensorType(tuple(dims), val)
 
 
+# the common line, `%3: f32[4,8] = add %1 %2 [...]`, read without tokenizing all of it
+_SIMPLE = re.compile(r"(%[A-Za-z0-9_.]+): ([a-z0-9]+)\[([0-9,]*)\] = ([A-Za-z_][A-Za-z0-9_]*)((?: %[A-Za-z0-9_.]+)*)( \[.*)?$")
+
+
+def _simple_line(lineno: int, m, env: dict):
+    var, dtype, dims, op, args, rest = m.groups()
+    if var in env:
+        raise ParseError(f"line {lineno}: {var} is defined twice")
+    operands = []
+    for a in args.split():
+        if a not in env:
+            raise ParseError(f"line {lineno}: {var} = {op} uses {a} before it is defined")
+        operands.append(env[a])
+    attrs = {}
+    if rest:
+        c = Cursor(tokens(rest, lineno), lineno)
+        attrs = read_attrs(c)
+        if not c.done():
+            raise ParseError(f"line {lineno}: trailing text {c.peek()[1]!r}")
+    typ = TensorType(tuple(int(d) for d in dims.split(",")) if dims else (), dtype)
+    return "node", var, Node(op, operands, attrs, typ)
+
+
 def _line(lineno: int, ln: str, env: dict):
     """One body line: returns ('return', outputs) or ('node', var, Node)."""
+    m = _SIMPLE.match(ln)
+    if m and m.group(2) in DTYPES:
+        return _simple_line(lineno, m, env)
     c = Cursor(tokens(ln, lineno), lineno)
     if c.peek()[1] == "return":
         c.next()

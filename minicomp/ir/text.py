@@ -48,6 +48,7 @@ _TOKEN = re.compile(r"""
   | (?P<str>"(?:[^"\\]|\\.)*")
   | (?P<name>[A-Za-z_][A-Za-z0-9_.]*)
   | (?P<punct>[()\[\]{},:=])
+  | (?P<bad>.)
 """, re.VERBOSE)
 
 
@@ -56,15 +57,11 @@ class ParseError(ValueError):
 
 
 def tokens(line: str, lineno: int):
-    pos, out = 0, []
-    while pos < len(line):
-        m = _TOKEN.match(line, pos)
-        if not m:
-            raise ParseError(f"line {lineno}: cannot read {line[pos:pos + 20]!r}")
-        if m.lastgroup != "ws":
-            out.append((m.lastgroup, m.group()))
-        pos = m.end()
-    return out
+    found = [m for m in _TOKEN.finditer(line) if m.lastgroup != "ws"]
+    for m in found:
+        if m.lastgroup == "bad":
+            raise ParseError(f"line {lineno}: cannot read {line[m.start():m.start() + 20]!r}")
+    return [(m.lastgroup, m.group()) for m in found]
 
 
 class Cursor:
