@@ -154,10 +154,24 @@ CASES = {
 }
 
 
+# what each case's text must show: the kernel feature it is there for
+FEATURES = {
+    "pointwise": ["= cos t"], "softmax": ["stage 1:", "inner stores:"], "layer_norm": ["= rsqrt t", "stage 1:"],
+    "split_sum": ['name="k1"', "r0: f32 = sum t"], "split_columns": ["domain (i1: 8) x [i0: 4096]"],
+    "views": ["load b0[i0 + 8*i1 + 1]"], "gather": ["clamp_index", "data(t"], "index": ["// 7", "% 7", "data(t"],
+    "embedding": ["data(t"], "cat": ["[guard=t"], "casts": ["[dtype=f16]", "[dtype=i32]", "[dtype=f64]"],
+    "f16": ["f16 = load", "r0: f16 = amax"], "bf16": ["bf16 = load", "[dtype=bf16]", "bf16 = mul"], "int": ["[where=", "r0: i64 = argmax"],
+    "bool": ["b8 = bitwise_and", "b8 = eq", "b8[15] = out 0"], "constants": ["const nan", "const inf", "const -inf", "const 0.5"],
+    "iota": ["i64 = index i1", "cast"],
+}
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fused_graph_text_runs_to_eager(case, from_text):
     fn, inputs = CASES[case]
-    run_from_text(from_text, fn, *inputs)
+    text = run_from_text(from_text, fn, *inputs)[-1]
+    missing = [f for f in FEATURES[case] if f not in text]
+    assert not missing, f"{case}: {missing} not in\n{text}"
 
 
 def test_cuda_emu_graph_text_runs_to_eager(from_text):
@@ -180,7 +194,7 @@ def test_loaded_indices_print_stably():
 """)
         texts.add(str(g))
         assert str(parse(str(g))) == str(g)
-    assert len(texts) == 1 and "data(" in texts.pop()
+    assert len(texts) == 1 and "load b2[7*data(t1) + data(t3)]" in texts.pop()
 
 
 # ---- the verifier on hand-broken kernel text --------------------------------------------------------
