@@ -179,7 +179,7 @@ def describe(k: Kernel) -> str:
 #
 #     %0: (f32[8,16]) = kernel %x [bytes=1024, domain="8 x [16]", ..., name="k0"] {
 #       domain (i0: 8) x [i1: 16]
-#       flops 640
+#       flops 2816
 #       b0: f32[128] = %x [name="x"]          a buffer the kernel reads: the node's operand it holds
 #       b1: f32[128] = out 0 [name="div"]     one it writes: the node's result 0
 #       stage 0:
@@ -328,8 +328,9 @@ class KernelPrinter:
         for i, b in enumerate(k.buffers if head else ()):
             src = f" = {buffer_sources[i]}" if buffer_sources is not None else ""
             self.emit(b, f"b{i}: {b.dtype}[{b.numel}]{src} [name={_format_attr(b.name, self.names)}]", "")
-        for r in (r for stage in k.stages for r in stage):  # named first: a broken body may read one early
-            self.names[id(r)] = f"r{len(self.names)}"
+        reductions = [r for stage in k.stages for r in stage]
+        for i, r in enumerate(reductions):  # named first: a broken body may read one before its line
+            self.names[id(r)] = f"r{i}"
         for si, stage in enumerate(k.stages):
             self.lines.append(f"stage {si}:")
             self.values([r.value for r in stage])

@@ -93,8 +93,8 @@ class KernelChecker:
                 self.fail(f"index uses {a.name} (size {a.size}), which is not a loop variable of the kernel", obj)
         bad = e.vars() - allowed
         if bad:
-            self.fail(f"index uses {', '.join(sorted(bad))}, outside {'the outer loops' if allowed == self.outer else 'the loops'}"
-                      " at this level", obj)
+            where = "the outer loops" if allowed == self.outer else "the loops"
+            self.fail(f"index uses {', '.join(sorted(bad))}, outside {where} at this level", obj)
         for v in data_values(e):
             self.value(v, allowed)
             if v.dtype not in INTS:
@@ -165,7 +165,8 @@ class KernelChecker:
             if e.dtype != r.dtype:
                 self.fail(f"accumulator typed {e.dtype} of a {r.dtype} reduction", e)
         elif e.op == "clamp_index":
-            if len(e.args) != 1 or e.args[0].dtype not in INTS or e.dtype != "i64" or not isinstance(e.attrs.get("size"), int):
+            if (len(e.args) != 1 or e.args[0].dtype not in INTS or e.dtype != "i64"
+                    or not isinstance(e.attrs.get("size"), int)):
                 self.fail("clamp_index takes one integer value and a size, and gives i64", e)
         else:
             self.pointwise(e)
@@ -228,6 +229,7 @@ class KernelChecker:
                 x = e.attrs.get(name)
                 if isinstance(x, Expr):
                     if x.vars() & inner:
-                        self.fail(f"an outer store reads {e.op} at inner index {', '.join(sorted(x.vars() & inner))}", e)
+                        names = ", ".join(sorted(x.vars() & inner))
+                        self.fail(f"an outer store reads {e.op} at inner index {names}", e)
                     stack += data_values(x)
             stack += list(e.args) + [g for g in (e.attrs.get("guard"),) if isinstance(g, KExpr)]
