@@ -291,3 +291,17 @@ def test_hand_written_names_read_back_renumbered():
     come out numbered in order again."""
     text = FUSED.replace("t5", "t50").replace("r1", "r9")
     assert "t50: f32 = div" in text and str(verify(parse(text))) == FUSED
+
+
+def test_pass_driver_checks_the_round_trip(monkeypatch):
+    """With verify on, a pass whose result prints a text that does not read back stops the compile."""
+    from minicomp.compiler import pipeline
+
+    def rename_loop(graph, ctx):  # still a valid kernel, but `i 0` is no name the text can carry
+        for n in graph.nodes:
+            if n.op == "kernel":
+                n.meta["kernel"].outer[0].name = "i 0"
+        return graph
+    monkeypatch.setattr(pipeline, "PASSES", pipeline.PASSES + [("rename_loop", rename_loop)])
+    with pytest.raises(VerifyError, match="graph softmax: its text does not parse back"):
+        compile_text(SOFTMAX)
