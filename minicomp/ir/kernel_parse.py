@@ -1,9 +1,10 @@
 """Read a kernel body (the format kernel.py prints) back into a Kernel and its node's io map.
 
-The parser checks only what it needs to build the objects: names are defined before use, buffers,
-values and reductions are named in order, index expressions name the kernel's loop variables. What a
-well-formed kernel must also satisfy (dtypes, ranges, stages) is the verifier's (kernel_verify.py).
-Errors are ParseErrors naming the line.
+The parser checks only what it needs to build the objects: names are defined once and before use
+(values `tN` and reductions `rN` by the text's own names; buffers numbered in order, as loads name
+them by position), index expressions name the kernel's loop variables, each buffer holds an operand
+of the node or one of its results. What a well-formed kernel must also satisfy (dtypes, ranges,
+stages) is the verifier's (kernel_verify.py). Errors are ParseErrors naming the line.
 """
 from __future__ import annotations
 
