@@ -7,7 +7,7 @@ stage, whose result is the fused graph) and plans the arena.
 """
 from __future__ import annotations
 
-from ..ir import Graph, verify
+from ..ir import Graph, round_trip, verify
 from .passes import cse, dce, fold_constants, fuse, plan_memory, simplify_views, split_reductions
 
 TENSOR_PASSES = [
@@ -33,6 +33,6 @@ def run_passes(graph: Graph, ctx) -> Graph:
     for name, fn in passes(ctx):
         graph = fn(graph, ctx)
         if ctx.options.verify:
-            verify(graph)
+            round_trip(verify(graph))
         ctx.dump.stage(f"ir_after_{name}", graph.__str__)
     return graph

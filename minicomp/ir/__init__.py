@@ -5,7 +5,7 @@ from .ops import OPS, OpDef, Ref
 from .parser import ParseError, parse
 from .printer import print_graph
 from .types import DTYPES, TensorType, dtype_name
-from .verify import VerifyError, verify
+from .verify import VerifyError, round_trip, verify
 
 __all__ = ["Graph", "Node", "OPS", "OpDef", "Ref", "TensorType", "DTYPES", "dtype_name", "interpret",
-           "prepare", "parse", "print_graph", "verify", "ParseError", "VerifyError"]
+           "prepare", "parse", "print_graph", "round_trip", "verify", "ParseError", "VerifyError"]

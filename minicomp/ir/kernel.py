@@ -13,11 +13,16 @@ variables. Its body is a DAG of scalar expressions (KExpr) over loads with index
 A pointwise kernel has no inner variables and only outer stores. Views never appear here: they
 became index math on the loads. Op names in KExprs are the op table's pointwise ops, plus the leaves
 `load`, `const`, `index` (an index expression as a value: iota) and `acc` (a reduction's result).
+
+A fused graph prints each kernel's body inline under its node (KernelPrinter, below); kernel_parse.py
+reads that text back and kernel_verify.py checks a Kernel's invariants.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from .index import Expr, data_values
+
+from .index import Expr, Var, data_values
+from .text import format_value
 
 
 class KExpr:
@@ -169,50 +174,213 @@ def describe(k: Kernel) -> str:
     return "copy"
 
 
+# ---- the kernel's text ------------------------------------------------------------------------------
+# A kernel's body as text, printed inline under its `kernel` node (as a jaxpr prints a sub-jaxpr):
+#
+#     %0: (f32[8,16]) = kernel %x [bytes=1024, domain="8 x [16]", ..., name="k0"] {
+#       domain (i0: 8) x [i1: 16]
+#       flops 2816
+#       b0: f32[128] = %x [name="x"]          a buffer the kernel reads: the node's operand it holds
+#       b1: f32[128] = out 0 [name="div"]     one it writes: the node's result 0
+#       stage 0:
+#         t0: f32 = load b0[16*i0 + i1]
+#         r0: f32 = amax t0                   a reduction over the inner loops
+#       stage 1:
+#         t1: f32 = acc r0
+#         ...
+#       inner stores:
+#         b1[16*i0 + i1] = t5
+#     }
+#
+# One typed SSA line per KExpr (loads, constants, loop indices and accumulators included), in the op
+# table's names; attributes as in the graph text (`[guard=t3, where="..."]`); index expressions in
+# ir/index.py's own notation, a loaded index written `data(t4)`. Each value is printed in the first
+# section that uses it, its operands before it, so the text is stable across runs and reads top down.
+# `kernel_parse.py` reads it back; the verifier quotes these lines in its errors.
+KERNEL_LEVEL = ("load", "const", "index", "acc", "clamp_index")  # ops of kernels only, not of the op table
+
+
+def _atom_has_data(a) -> bool:
+    return not isinstance(a, Var) and (a.kind == "data" or data_values(a.expr))
+
+
+def format_expr(e: Expr, names: dict) -> str:
+    """An index expression as ir/index.py prints it, loaded values by their SSA names. Terms keep
+    Expr's own order, except loaded values (ordered there by object id): first, by name."""
+    terms = e.terms
+    if any(_atom_has_data(a) for a, _ in terms):
+        texts = [(_format_atom(a, names), c) for a, c in terms]
+        order = sorted(range(len(terms)), key=lambda i: ("!" + texts[i][0]) if _atom_has_data(terms[i][0])
+                       else repr(terms[i][0].key()))
+        parts = [texts[i][0] if texts[i][1] == 1 else f"{texts[i][1]}*{texts[i][0]}" for i in order]
+    else:
+        parts = [(f"{c}*{_format_atom(a, names)}" if c != 1 else _format_atom(a, names)) for a, c in terms]
+    if e.const or not parts:
+        parts.append(str(e.const))
+    return " + ".join(parts)
+
+
+def _format_atom(a, names: dict) -> str:
+    if isinstance(a, Var):
+        return a.name
+    if a.kind == "data":
+        return f"data({names.get(id(a.c), '?')})"
+    return f"(({format_expr(a.expr, names)}) {'//' if a.kind == 'div' else '%'} {a.c})"
+
+
+def _deps(e: KExpr, memo: dict) -> list:
+    """e's operands in print order: args, guard, then the values its index expression loads."""
+    out = list(e.args)
+    g = e.attrs.get("guard")
+    if isinstance(g, KExpr):
+        out.append(g)
+    for name in ("index", "expr"):
+        x = e.attrs.get(name)
+        if isinstance(x, Expr):
+            vals = data_values(x)
+            if len(vals) > 1:  # Expr orders them by id; print by what they are
+                vals = sorted(vals, key=lambda v: _signature(v, memo))
+            out += vals
+    return out
+
+
+def _signature(e: KExpr, memo: dict) -> str:
+    """A structural description of e (to order loaded index values stably across runs)."""
+    if id(e) not in memo:
+        memo[id(e)] = "?"  # a cycle guard; a KExpr graph is a DAG
+        attrs = sorted((k, repr(v) if not isinstance(v, (KExpr, Reduction)) else "") for k, v in e.attrs.items()
+                       if k != "red")
+        memo[id(e)] = f"{e.op}:{e.dtype}{attrs}(" + ",".join(_signature(a, memo) for a in e.args) + ")"
+    return memo[id(e)]
+
+
+class KernelPrinter:
+    """Names a kernel's values and prints its body; `where[id(obj)]` is the body line of each KExpr,
+    Reduction, Buffer and Store (for the verifier's messages)."""
+
+    def __init__(self, k: Kernel):
+        self.k = k
+        self.names: dict = {}   # id(KExpr) -> "tN", id(Reduction) -> "rN"
+        self.lines: list = []
+        self.where: dict = {}
+        self.sig: dict = {}
+        self.n_values = 0
+
+    def name(self, x) -> str:
+        return self.names.get(id(x), "?")
+
+    def emit(self, obj, text: str, indent: str = "  ") -> None:
+        self.where[id(obj)] = len(self.lines)
+        self.lines.append(indent + text)
+
+    def values(self, roots) -> None:
+        """Lines for every value `roots` need that has none yet, operands first."""
+        stack = [(r, False) for r in reversed(roots)]
+        opened = set()
+        while stack:
+            e, done = stack.pop()
+            if id(e) in self.names:
+                continue
+            if done:
+                self.names[id(e)] = f"t{self.n_values}"
+                self.n_values += 1
+                self.emit(e, self.format_value(e))
+                continue
+            if id(e) in opened:
+                continue
+            opened.add(id(e))
+            stack.append((e, True))
+            stack += [(d, False) for d in reversed(_deps(e, self.sig)) if id(d) not in self.names]
+
+    def format_value(self, e: KExpr) -> str:
+        head = f"{self.names[id(e)]}: {e.dtype} = {e.op}"
+        attrs = dict(e.attrs)
+        if e.op == "load" and isinstance(attrs.get("index"), Expr):
+            head += f" b{attrs.pop('buf')}[{format_expr(attrs.pop('index'), self.names)}]"
+        elif e.op == "const" and "value" in attrs:
+            head += " " + _format_attr(attrs.pop("value"), self.names)
+        elif e.op == "index" and isinstance(attrs.get("expr"), Expr):
+            head += " " + format_expr(attrs.pop("expr"), self.names)
+        elif e.op == "acc" and isinstance(attrs.get("red"), Reduction):
+            head += " " + self.name(attrs.pop("red"))
+        head += "".join(" " + self.name(a) for a in e.args)
+        if attrs:
+            head += " [" + ", ".join(f"{k}={_format_attr(attrs[k], self.names)}" for k in sorted(attrs)) + "]"
+        return head
+
+    def stores(self, title: str, stores) -> None:
+        if not stores:
+            return
+        self.lines.append(f"{title}:")
+        self.values([s.value for s in stores] + [v for s in stores for v in data_values(s.index)])
+        for s in stores:
+            self.emit(s, f"b{s.buf}[{format_expr(s.index, self.names)}] = {self.name(s.value)}")
+
+    def body(self, buffer_sources=None, head: bool = True) -> list:
+        """The body lines (unindented). buffer_sources[i]: what buffer i holds (`%x`, `out 0`), or None
+        for a kernel printed on its own; head=False leaves out the domain, flops and buffers."""
+        k = self.k
+        outer = ", ".join(f"{v.name}: {v.size}" for v in k.outer)
+        inner = ", ".join(f"{v.name}: {v.size}" for v in k.inner)
+        if head:
+            self.lines.append(f"domain ({outer})" + (f" x [{inner}]" if k.inner else ""))
+            self.lines.append(f"flops {k.flops}")
+        for i, b in enumerate(k.buffers if head else ()):
+            src = f" = {buffer_sources[i]}" if buffer_sources is not None else ""
+            self.emit(b, f"b{i}: {b.dtype}[{b.numel}]{src} [name={_format_attr(b.name, self.names)}]", "")
+        reductions = [r for stage in k.stages for r in stage]
+        for i, r in enumerate(reductions):  # named first: a broken body may read one before its line
+            self.names[id(r)] = f"r{i}"
+        for si, stage in enumerate(k.stages):
+            self.lines.append(f"stage {si}:")
+            self.values([r.value for r in stage])
+            for r in stage:
+                self.emit(r, f"{self.names[id(r)]}: {r.dtype} = {r.op} {self.name(r.value)}")
+        self.stores("inner stores", k.inner_stores)
+        self.stores("outer stores", k.outer_stores)
+        return self.lines
+
+
+def _format_attr(v, names: dict) -> str:
+    if isinstance(v, (KExpr, Reduction)):
+        return names.get(id(v), "?")
+    if isinstance(v, Expr):
+        return "<" + format_expr(v, names) + ">"
+    return format_value(v)
+
+
+def buffer_sources(node, names: dict) -> list | None:
+    """What each of a kernel node's buffers holds, as its body prints it: the operand (`%x`, or `$j`
+    where that operand appears twice) or `out j`; None when the node carries no io map."""
+    io = node.meta.get("io")
+    if io is None:
+        return None
+    out = []
+    for kind, j in io:
+        if kind == "out":
+            out.append(f"out {j}")
+        elif 0 <= j < len(node.args) and node.args.index(node.args[j]) == j:
+            out.append(names.get(node.args[j], "%?"))
+        else:
+            out.append(f"${j}")
+    return out
+
+
+def kernel_body(node, names: dict) -> list:
+    """A kernel node's body lines, unindented (the printer indents them under the node)."""
+    k = node.meta.get("kernel")
+    if k is None:
+        return []
+    return KernelPrinter(k).body(buffer_sources(node, names))
+
+
 def format_kernel(k: Kernel) -> str:
-    """Readable text of a kernel (debug dumps), one line per expression."""
-    names: dict = {}
+    """A kernel on its own (reports, kernel dumps): four lines of summary, then its stages and stores
+    as in the graph text."""
     lines = [f"kernel {k.name} ({describe(k)}) [{k.kind} {k.domain_str()}] outer=({', '.join(v.name for v in k.outer)})"
              f" inner=({', '.join(v.name for v in k.inner)})",
              "  buffers: " + ", ".join(f"b{i}={b.name}:{b.dtype}[{b.numel}]" for i, b in enumerate(k.buffers)),
              f"  fused: {' '.join(k.ops)}",
              f"  read {k.bytes_read:,} B, wrote {k.bytes_written:,} B, {k.flops:,} flops"]
-    accs: dict = {}
-
-    def fmt(e: KExpr) -> str:
-        if id(e) in names:
-            return names[id(e)]
-        if e.op == "load":
-            s = f"b{e.attrs['buf']}[{e.attrs['index']}]"
-        elif e.op == "const":
-            s = repr(e.attrs["value"])
-        elif e.op == "index":
-            s = f"idx({e.attrs['expr']})"
-        elif e.op == "acc":
-            s = accs.get(id(e.attrs["red"]), "acc?")
-        else:
-            extra = "".join(f" {k2}={v}" for k2, v in e.attrs.items() if k2 != "guard")
-            s = f"{e.op}({', '.join(fmt(a) for a in e.args)}{extra})"
-        return s
-
-    def emit_all(roots, indent):
-        for e in walk(roots):
-            if e.op in ("load", "const", "index", "acc") or id(e) in names:
-                continue
-            name = f"t{len(names)}"
-            lines.append(f"{indent}{name}: {e.dtype} = {fmt(e)}")
-            names[id(e)] = name
-    for si, stage in enumerate(k.stages):
-        lines.append(f"  stage {si}:")
-        emit_all([r.value for r in stage], "    ")
-        for r in stage:
-            accs[id(r)] = f"acc{len(accs)}"
-            lines.append(f"    {accs[id(r)]}: {r.dtype} = {r.op} over inner of {fmt(r.value)}")
-    for title, stores in (("inner stores", k.inner_stores), ("outer stores", k.outer_stores)):
-        if stores:
-            lines.append(f"  {title}:")
-            emit_all([s.value for s in stores], "    ")
-            for s in stores:
-                lines.append(f"    b{s.buf}[{s.index}] = {fmt(s.value)}")
+    lines += ["  " + ln for ln in KernelPrinter(k).body(None, head=False)]
     return "\n".join(lines) + "\n"
-

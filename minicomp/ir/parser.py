@@ -1,69 +1,22 @@
 """Read the printer's text back into a Graph (the round trip that makes pass tests 'text in, text out').
 
 Types written on each line are taken as given (run `verify` on the result to check them); the
-header's output types must match the return line's values. Errors name the line.
+header's output types must match the return line's values. A kernel node's body, in braces under
+it, is read by kernel_parse.py into the node's meta (the Kernel and its io map). Errors name the line.
 """
 from __future__ import annotations
 
-import json
 import re
 
-import torch
-
 from .graph import Graph, Node
-from .ops import Ref
+from .kernel_parse import parse_kernel, resolve_outputs
+from .text import Cursor, ParseError, read_attrs, tokens
 from .types import DTYPES, TensorType
 
-_TOKEN = re.compile(r"""
-    (?P<ws>\s+)
-  | (?P<arrow>->)
-  | (?P<var>%[A-Za-z0-9_.]+)
-  | (?P<ref>\$\d+)
-  | (?P<num>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+|inf(?![A-Za-z0-9_])))
-  | (?P<str>"(?:[^"\\]|\\.)*")
-  | (?P<name>[A-Za-z_][A-Za-z0-9_.]*)
-  | (?P<punct>[()\[\]{},:=])
-""", re.VERBOSE)
+__all__ = ["ParseError", "parse"]
 
 
-class ParseError(ValueError):
-    pass
-
-
-def _tokens(line: str, lineno: int):
-    pos, out = 0, []
-    while pos < len(line):
-        m = _TOKEN.match(line, pos)
-        if not m:
-            raise ParseError(f"line {lineno}: cannot read {line[pos:pos + 20]!r}")
-        if m.lastgroup != "ws":
-            out.append((m.lastgroup, m.group()))
-        pos = m.end()
-    return out
-
-
-class _Cursor:
-    def __init__(self, toks, lineno):
-        self.toks, self.i, self.lineno = toks, 0, lineno
-
-    def peek(self, k=0):
-        return self.toks[self.i + k] if self.i + k < len(self.toks) else (None, None)
-
-    def next(self):
-        t = self.peek()
-        self.i += 1
-        return t
-
-    def expect(self, text):
-        kind, val = self.next()
-        if val != text:
-            raise ParseError(f"line {self.lineno}: expected {text!r}, found {val!r}")
-
-    def done(self):
-        return self.i >= len(self.toks)
-
-
-def _type(c: _Cursor):
+def _type(c: Cursor):
     kind, val = c.next()
     if val == "None":
         return None
@@ -87,64 +40,35 @@ def _type(c: _Cursor):
     return TensorType(tuple(dims), val)
 
 
-def _value(c: _Cursor):
-    kind, val = c.next()
-    if kind == "num":
-        return float(val) if any(ch in val for ch in ".eEn") else int(val)
-    if kind == "str":
-        return json.loads(val)
-    if kind == "ref":
-        return Ref(int(val[1:]))
-    if kind == "name":
-        if val in ("true", "false"):
-            return val == "true"
-        if val == "none":
-            return None
-        if val == "nan":
-            return float("nan")
-        if val.startswith("torch."):
-            return getattr(torch, val[len("torch."):])
-        return val  # bare word: a dtype name such as f32
-    if val in ("(", "["):
-        close = ")" if val == "(" else "]"
-        items = []
-        while c.peek()[1] != close:
-            items.append(_value(c))
-            if c.peek()[1] == ",":
-                c.next()
-        c.next()
-        return tuple(items) if close == ")" else items
-    if val == "{":
-        d = {}
-        while c.peek()[1] != "}":
-            k = _value(c)
-            c.expect(":")
-            d[k] = _value(c)
-            if c.peek()[1] == ",":
-                c.next()
-        c.next()
-        return d
-    raise ParseError(f"line {c.lineno}: unexpected {val!r}")
+# the common line, `%3: f32[4,8] = add %1 %2 [...]`, read without tokenizing all of it
+_SIMPLE = re.compile(r"(%[A-Za-z0-9_.]+): ([a-z0-9]+)\[([0-9,]*)\] = ([A-Za-z_][A-Za-z0-9_]*)((?: %[A-Za-z0-9_.]+)*)( \[.*)?$")
 
 
-def _attrs(c: _Cursor) -> dict:
+def _simple_line(lineno: int, m, env: dict):
+    var, dtype, dims, op, args, rest = m.groups()
+    if var in env:
+        raise ParseError(f"line {lineno}: {var} is defined twice")
+    operands = []
+    for a in args.split():
+        if a not in env:
+            raise ParseError(f"line {lineno}: {var} = {op} uses {a} before it is defined")
+        operands.append(env[a])
     attrs = {}
-    if c.peek()[1] != "[":
-        return attrs
-    c.next()
-    while c.peek()[1] != "]":
-        key = c.next()[1]
-        c.expect("=")
-        attrs[key] = _value(c)
-        if c.peek()[1] == ",":
-            c.next()
-    c.next()
-    return attrs
+    if rest:
+        c = Cursor(tokens(rest, lineno), lineno)
+        attrs = read_attrs(c)
+        if not c.done():
+            raise ParseError(f"line {lineno}: trailing text {c.peek()[1]!r}")
+    typ = TensorType(tuple(int(d) for d in dims.split(",")) if dims else (), dtype)
+    return "node", var, Node(op, operands, attrs, typ)
 
 
 def _line(lineno: int, ln: str, env: dict):
     """One body line: returns ('return', outputs) or ('node', var, Node)."""
-    c = _Cursor(_tokens(ln, lineno), lineno)
+    m = _SIMPLE.match(ln)
+    if m and m.group(2) in DTYPES:
+        return _simple_line(lineno, m, env)
+    c = Cursor(tokens(ln, lineno), lineno)
     if c.peek()[1] == "return":
         c.next()
         outputs = []
@@ -171,7 +95,7 @@ def _line(lineno: int, ln: str, env: dict):
         if a not in env:
             raise ParseError(f"line {lineno}: {var} = {op} uses {a} before it is defined")
         args.append(env[a])
-    attrs = _attrs(c)
+    attrs = read_attrs(c)
     if not c.done():
         raise ParseError(f"line {lineno}: trailing text {c.peek()[1]!r}")
     return "node", var, Node(op, args, attrs, typ)
@@ -179,7 +103,7 @@ def _line(lineno: int, ln: str, env: dict):
 
 def _header(lineno: int, head: str):
     """`graph name(%x: f32[4], ...) -> (f32[4], None) {` -> name, {var: input Node}, declared output types."""
-    c = _Cursor(_tokens(head, lineno), lineno)
+    c = Cursor(tokens(head, lineno), lineno)
     c.expect("graph")
     name = c.next()[1]
     c.expect("(")
@@ -209,6 +133,22 @@ def _guarded(lineno: int, fn, *args):
         raise ParseError(f"line {lineno}: cannot read {args[0]!r} ({e})") from None
 
 
+def _kernel_error(lineno, msg):
+    raise ParseError(f"line {lineno}: {msg}")
+
+
+def _kernel(lineno: int, node: Node, body: list, env: dict) -> None:
+    """A kernel node's body (the lines between its braces) into node.meta['kernel'] and ['io']."""
+    if node.op != "kernel":
+        raise ParseError(f"line {lineno}: only a kernel node has a body in braces")
+    try:
+        node.meta["kernel"], node.meta["io"] = parse_kernel(body, node, env, _kernel_error)
+    except ParseError:
+        raise
+    except (ValueError, TypeError, IndexError, KeyError) as e:
+        raise ParseError(f"line {lineno}: cannot read the body of kernel {node.attrs.get('name')!r} ({e})") from None
+
+
 def parse(text: str) -> Graph:
     lines = [(i + 1, ln.strip()) for i, ln in enumerate(text.splitlines())
              if ln.strip() and not ln.strip().startswith("#")]
@@ -218,18 +158,33 @@ def parse(text: str) -> Graph:
     name, env, out_types = _guarded(lineno, _header, head)
     inputs = list(env.values())
     nodes, outputs = [], None
-    for lineno, ln in lines[1:]:
+    pos = 1
+    while pos < len(lines):
+        lineno, ln = lines[pos]
+        pos += 1
         if ln == "}":
             break
         if outputs is not None:
             raise ParseError(f"line {lineno}: text after the return line")
+        body = None
+        if ln.endswith("{"):  # a kernel and its body, up to the closing brace
+            ln, body = ln[:-1].rstrip(), []
+            while pos < len(lines) and lines[pos][1] != "}" and not lines[pos][1].startswith(("%", "return")):
+                body.append(lines[pos])
+                pos += 1
+            if pos == len(lines) or lines[pos][1] != "}":
+                raise ParseError(f"line {lineno}: the kernel's body has no closing brace")
+            pos += 1
         parsed = _guarded(lineno, _line, ln, env)
         if parsed[0] == "return":
             outputs = parsed[1]
             continue
         _, var, node = parsed
+        if body is not None:
+            _kernel(lineno, node, body, env)
         env[var] = node
         nodes.append(node)
+    resolve_outputs(nodes)
     if outputs is None:
         raise ParseError("graph has no return line")
     got = tuple(None if o is None else o.type for o in outputs)

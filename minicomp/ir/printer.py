@@ -6,18 +6,17 @@
       return %1
     }
 
-Body nodes are numbered in order; inputs keep their names. `parser.parse` reads this text back.
+Body nodes are numbered in order; inputs keep their names. A fused graph's `kernel` node prints its
+body inline, in braces under it (ir/kernel.py). `parser.parse` reads this text back.
 """
 from __future__ import annotations
 
-import json
-import math
-
-import torch
-
 from .graph import Graph, Node
-from .ops import Ref
-from .types import DTYPES, TensorType
+from .kernel import kernel_body
+from .text import format_value
+from .types import TensorType
+
+__all__ = ["format_attrs", "format_node", "format_type", "format_value", "namer", "node_lines", "print_graph"]
 
 
 def format_type(t) -> str:
@@ -26,33 +25,6 @@ def format_type(t) -> str:
     if isinstance(t, TensorType):
         return str(t)
     return "(" + ", ".join(format_type(x) for x in t) + ")"
-
-
-def format_value(v) -> str:
-    if v is None:
-        return "none"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        return repr(v)
-    if isinstance(v, str):
-        return v if v in DTYPES else json.dumps(v)  # dtype names print bare: cast [dtype=f16]
-    if isinstance(v, Ref):
-        return repr(v)
-    if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)):
-        return str(v)  # torch.float32, torch.strided, torch.contiguous_format
-    if isinstance(v, tuple):
-        inner = ", ".join(format_value(x) for x in v)
-        return f"({inner},)" if len(v) == 1 else f"({inner})"
-    if isinstance(v, list):
-        return "[" + ", ".join(format_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))}: {format_value(x)}" for k, x in sorted(v.items())) + "}"
-    raise TypeError(f"cannot print attribute value {v!r} of type {type(v).__name__}")
 
 
 def format_attrs(attrs: dict) -> str:
@@ -73,12 +45,21 @@ def format_node(n: Node, names: dict) -> str:
     return f"{names[n]}: {format_type(n.type)} = {n.op}{args}{format_attrs(n.attrs)}"
 
 
+def node_lines(n: Node, names: dict) -> list[str]:
+    """A node's lines in the graph text, indented: one, or a kernel node's line and its body."""
+    line = "  " + format_node(n, names)
+    if n.op != "kernel" or "kernel" not in n.meta:
+        return [line]
+    return [line + " {"] + ["    " + ln for ln in kernel_body(n, names)] + ["  }"]
+
+
 def print_graph(graph: Graph) -> str:
     names = namer(graph)
     params = ", ".join(f"{names[n]}: {format_type(n.type)}" for n in graph.inputs)
     outs = ", ".join("None" if o is None else format_type(o.type) for o in graph.outputs)
     lines = [f"graph {graph.name}({params}) -> ({outs}) {{"]
-    lines += ["  " + format_node(n, names) for n in graph.nodes]
+    for n in graph.nodes:
+        lines += node_lines(n, names)
     rets = ", ".join("None" if o is None else names.get(o, "%?") for o in graph.outputs)
     lines.append(f"  return {rets}".rstrip())
     lines.append("}")

@@ -3,14 +3,20 @@
 Guarantees on success: every operand is defined before use, every op is in the table with the
 right arity and attributes, every node's type is what the op table's rule infers, tuple-typed
 values (multi-result externs and kernels) are read only through in-range `getitem`s, and every
-extern's `$i` slots name one of its operands. An error names the offending node as printed, and its line number
-in the printed text, so it can be found in a dump file.
+extern's `$i` slots name one of its operands, and every kernel node's body is well formed
+(kernel_verify.py). An error names the offending node as printed, and its line number in the
+printed text, so it can be found in a dump file. `round_trip` checks that the text reads back.
 """
 from __future__ import annotations
 
+import functools
+
 from .graph import Graph, Node
 from .ops import OPS, Ref, resolve_target
-from .printer import format_node, format_type, namer
+from .kernel import KernelPrinter, buffer_sources
+from .kernel_verify import KernelChecker
+from .parser import ParseError, parse
+from .printer import format_node, format_type, namer, node_lines, print_graph
 from .types import DTYPES, TensorType
 
 
@@ -74,6 +80,55 @@ def _check_getitem(n: Node, fail) -> None:
         fail(f"type should be {format_type(src[index])}")
 
 
+def _lineno(graph: Graph, names: dict, pos: int) -> int:
+    """The line of graph.nodes[pos] in the printed text (the header is line 1; kernels span several)."""
+    return 2 + sum(len(node_lines(m, names)) for m in graph.nodes[:pos])
+
+
+def _kernel_fail(graph: Graph, names: dict, pos: int):
+    """fail(msg, obj) for a kernel's body: names the kernel and quotes obj's line as printed."""
+    n = graph.nodes[pos]
+
+    def fail(msg, obj=None):
+        start, at = _lineno(graph, names, pos), ""
+        try:
+            p = KernelPrinter(n.meta["kernel"])
+            body = p.body(buffer_sources(n, names))
+            if id(obj) in p.where:
+                at = f"`{body[p.where[id(obj)]].strip()}`: "
+                start += 1 + p.where[id(obj)]
+        except Exception:  # a body too broken to print: name the kernel's own line
+            pass
+        raise VerifyError(f"graph {graph.name}, line {start}: kernel {n.attrs.get('name')}: {at}{msg}")
+    return fail
+
+
+def round_trip(graph: Graph) -> Graph:
+    """Check that the graph's text parses back to a graph that prints the same (kernel bodies too):
+    what the dump files, pass tests and the graph cache rely on. Raises VerifyError at the first
+    line that differs."""
+    text = print_graph(graph)
+    error, again = _read_back(text)
+    if error:
+        raise VerifyError(f"graph {graph.name}: its text does not parse back: {error}")
+    if again != text:
+        a, b = text.splitlines(), again.splitlines()
+        i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        raise VerifyError(f"graph {graph.name}, line {i + 1}: printed `{a[i] if i < len(a) else ''}` "
+                          f"but reads back as `{b[i] if i < len(b) else ''}`")
+    return graph
+
+
+@functools.lru_cache(maxsize=16)
+def _read_back(text: str):
+    """(parse error or None, the text of parse(text)): cached, since a pass that changes nothing
+    (most do, on most graphs) hands the driver a text it has just read back."""
+    try:
+        return None, print_graph(parse(text))
+    except ParseError as e:
+        return str(e), None
+
+
 def verify(graph: Graph) -> Graph:
     names = namer(graph)
     defined: set[Node] = set()
@@ -85,11 +140,11 @@ def verify(graph: Graph) -> Graph:
         defined.add(n)
     if len({n.name for n in graph.inputs}) != len(graph.inputs):
         raise VerifyError(f"graph {graph.name}: two inputs share a name")
-    for lineno, n in enumerate(graph.nodes, start=2):  # line 1 of the printed text is the header
+    for pos, n in enumerate(graph.nodes):
         line = format_node(n, names)
 
         def fail(msg):
-            raise VerifyError(f"graph {graph.name}, line {lineno}: `{line}`: {msg}")
+            raise VerifyError(f"graph {graph.name}, line {_lineno(graph, names, pos)}: `{line}`: {msg}")
         if n in defined:
             fail("node appears twice")
         opdef = OPS.get(n.op)
@@ -113,6 +168,8 @@ def verify(graph: Graph) -> Graph:
             _check_result_types(n, fail)
             if n.op == "extern":
                 _check_extern(n, fail)
+            else:
+                KernelChecker(n, _kernel_fail(graph, names, pos)).run()
         elif n.op == "constant":
             if _bad_type(n.type):
                 fail(f"result type: {_bad_type(n.type)}")

@@ -43,7 +43,24 @@ SOFTMAX = """graph softmax(%x: f32[8,16]) -> (f32[8,16]) {
 def test_softmax_is_one_row_kernel_text():
     fused, _ = compile_text(SOFTMAX)
     assert str(fused) == """graph softmax(%x: f32[8,16]) -> (f32[8,16]) {
-  %0: (f32[8,16]) = kernel %x [bytes=1024, domain="8 x [16]", fused="amax sub exp sum div", kind="row", name="k0"]
+  %0: (f32[8,16]) = kernel %x [bytes=1024, domain="8 x [16]", fused="amax sub exp sum div", kind="row", name="k0"] {
+    domain (i0: 8) x [i1: 16]
+    flops 2816
+    b0: f32[128] = %x [name="x"]
+    b1: f32[128] = out 0 [name="div"]
+    stage 0:
+      t0: f32 = load b0[16*i0 + i1]
+      r0: f32 = amax t0
+    stage 1:
+      t1: f32 = acc r0
+      t2: f32 = sub t0 t1
+      t3: f32 = exp t2
+      r1: f32 = sum t3
+    inner stores:
+      t4: f32 = acc r1
+      t5: f32 = div t3 t4
+      b1[16*i0 + i1] = t5
+  }
   %1: f32[8,16] = getitem %0 [index=0]
   return %1
 }
@@ -62,7 +79,17 @@ COS_COS = """graph f(%x: f32[4,5]) -> (f32[4,5]) {
 def test_cos_cos_is_one_pointwise_kernel_text():
     fused, _ = compile_text(COS_COS)
     assert str(fused) == """graph f(%x: f32[4,5]) -> (f32[4,5]) {
-  %0: (f32[4,5]) = kernel %x [bytes=160, domain="4x5", fused="cos cos", kind="pointwise", name="k0"]
+  %0: (f32[4,5]) = kernel %x [bytes=160, domain="4x5", fused="cos cos", kind="pointwise", name="k0"] {
+    domain (i0: 4, i1: 5)
+    flops 320
+    b0: f32[20] = %x [name="x"]
+    b1: f32[20] = out 0 [name="cos"]
+    outer stores:
+      t0: f32 = load b0[5*i0 + i1]
+      t1: f32 = cos t0
+      t2: f32 = cos t1
+      b1[5*i0 + i1] = t2
+  }
   %1: f32[4,5] = getitem %0 [index=0]
   return %1
 }

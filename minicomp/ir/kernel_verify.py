@@ -1,0 +1,235 @@
+"""Check a kernel node's body: what the code generators assume of a Kernel, stated once.
+
+Guarantees on success: the node's attributes describe its kernel (name, kind, domain, fused ops,
+bytes); its io map gives every buffer one operand or result of matching dtype and size, and each
+result buffer is stored; every loop variable is distinct; every value's operands are computed in
+the kernel (a DAG), pointwise ops follow the op table's dtype rules, loads and stores name existing
+buffers of their own dtype (loads only read, stores only write) at indices over the kernel's loop
+variables (an outer store's over the outer ones), within the buffer where the index is affine and
+unguarded; a loaded index is an integer; an accumulator is read only after its reduction's stage.
+An error names the kernel and quotes its line as printed (ir/kernel.py).
+"""
+from __future__ import annotations
+
+from .index import Expr, Var, data_values
+from .kernel import Kernel, KExpr, Reduction
+from .kernel import KERNEL_LEVEL
+from .ops import OPS
+from .types import DTYPES, FLOATS, INTS, TensorType
+
+_IGNORED_BY_INFER = ("guard", "where")  # a kernel's own notes on an op: its checks, not its meaning
+
+
+class KernelChecker:
+    def __init__(self, node, fail):
+        """fail(msg, obj=None) raises, quoting obj's body line (a KExpr, Reduction, Buffer or Store)."""
+        self.node, self.fail = node, fail
+        self.k: Kernel = node.meta.get("kernel")
+        self.seen: set = set()     # ids of KExprs checked
+        self.done_red: dict = {}   # id(Reduction) -> stage, for reductions checked so far
+
+    def run(self) -> None:
+        n, k = self.node, self.k
+        io = n.meta.get("io")
+        if not isinstance(k, Kernel) or io is None:
+            self.fail("a kernel node must carry its Kernel and io map (meta['kernel'], meta['io'])")
+        self.check_attrs()
+        names = [v.name for v in k.outer + k.inner]
+        if len(set(names)) != len(names) or any(not isinstance(v, Var) or not isinstance(v.size, int) or v.size < 0
+                                                for v in k.outer + k.inner):
+            self.fail(f"loop variables {names} must be distinct, each with a size >= 0")
+        self.loops = {v.name: v.size for v in k.outer + k.inner}
+        self.outer = {v.name for v in k.outer}
+        self.check_buffers(io)
+        for si, stage in enumerate(k.stages):
+            for r in stage:
+                self.check_reduction(r, si)
+            for r in stage:
+                self.done_red[id(r)] = si
+        for level, stores in (("inner", k.inner_stores), ("outer", k.outer_stores)):
+            for st in stores:
+                self.check_store(st, level)
+        stored = {st.buf for st in k.inner_stores + k.outer_stores}
+        for i, (kind, _) in enumerate(io):
+            if kind == "out" and i not in stored:
+                self.fail(f"result buffer b{i} is never stored", k.buffers[i])
+
+    def check_attrs(self) -> None:
+        k, a = self.k, self.node.attrs
+        want = {"name": k.name, "kind": k.kind, "domain": k.domain_str(), "fused": " ".join(k.ops),
+                "bytes": k.bytes_read + k.bytes_written}
+        for key, v in want.items():
+            if key in a and a[key] != v:
+                self.fail(f"attribute {key}={a[key]!r}, but its kernel says {v!r}")
+
+    def check_buffers(self, io) -> None:
+        n, k = self.node, self.k
+        if len(io) != len(k.buffers):
+            self.fail(f"{len(k.buffers)} buffers but an io map of {len(io)}")
+        results = n.type if isinstance(n.type, tuple) and not isinstance(n.type, TensorType) else ()
+        args_used, outs_used = [], []
+        for i, (b, (kind, j)) in enumerate(zip(k.buffers, io)):
+            if b.dtype not in DTYPES or not isinstance(b.numel, int) or b.numel < 0:
+                self.fail(f"buffer b{i} has a bad type {b.dtype}[{b.numel}]", b)
+            if kind == "arg" and isinstance(j, int) and 0 <= j < len(n.args):
+                t, used = n.args[j].type, args_used
+            elif kind == "out" and isinstance(j, int) and 0 <= j < len(results):
+                t, used = results[j], outs_used
+            else:
+                self.fail(f"buffer b{i} holds {kind} {j}, which the node does not have", b)
+            if j in used:
+                self.fail(f"buffer b{i}: {kind} {j} is held by two buffers", b)
+            used.append(j)
+            if not isinstance(t, TensorType) or (t.dtype, t.numel) != (b.dtype, b.numel):
+                self.fail(f"buffer b{i} is {b.dtype}[{b.numel}] but holds a value of type {t}", b)
+        self.writes = {i for i, (kind, _) in enumerate(io) if kind == "out"}
+
+    # -- expressions ---------------------------------------------------------------------------------
+    def check_index(self, e: Expr, allowed, obj) -> None:
+        if not isinstance(e, Expr):
+            self.fail(f"index {e!r} is not an index expression", obj)
+        for a, _ in e.terms:
+            if isinstance(a, Var) and self.loops.get(a.name) != a.size:
+                self.fail(f"index uses {a.name} (size {a.size}), which is not a loop variable of the kernel", obj)
+        bad = e.vars() - allowed
+        if bad:
+            where = "the outer loops" if allowed == self.outer else "the loops"
+            self.fail(f"index uses {', '.join(sorted(bad))}, outside {where} at this level", obj)
+        for v in data_values(e):
+            self.value(v, allowed)
+            if v.dtype not in INTS:
+                self.fail(f"a loaded index must be an integer, got {v.dtype}", obj)
+
+    def in_range(self, e: Expr, numel: int, what: str, obj) -> None:
+        if e.is_affine() and numel > 0 and all(self.loops[v] > 0 for v in e.vars()):
+            lo, hi = e.range()
+            if lo < 0 or hi >= numel:
+                self.fail(f"{what} reaches [{lo}, {hi}], outside the buffer's {numel} elements", obj)
+
+    def value(self, root: KExpr, allowed) -> None:
+        """Check root and every value it reads (operands first)."""
+        stack, opened = [(root, False)], set()
+        while stack:
+            e, done = stack.pop()
+            if id(e) in self.seen:
+                continue
+            if not isinstance(e, KExpr):
+                self.fail(f"operand {e!r} is not a kernel value")
+            if not done:
+                if id(e) in opened:
+                    self.fail("a value that depends on itself", e)
+                opened.add(id(e))
+                stack.append((e, True))
+                deps = list(e.args) + [g for g in (e.attrs.get("guard"),) if isinstance(g, KExpr)]
+                stack += [(d, False) for d in deps]
+                continue
+            self.seen.add(id(e))
+            self.check_one(e, allowed)
+
+    def check_one(self, e: KExpr, allowed) -> None:
+        guard = e.attrs.get("guard")
+        if guard is not None and (not isinstance(guard, KExpr) or guard.dtype != "b8"):
+            self.fail("a guard must be a b8 value", e)
+        if e.dtype not in DTYPES:
+            self.fail(f"unknown dtype {e.dtype!r}", e)
+        if e.op == "load":
+            buf = e.attrs.get("buf")
+            if not isinstance(buf, int) or not 0 <= buf < len(self.k.buffers):
+                self.fail(f"load of b{buf}, which the kernel does not have", e)
+            if buf in self.writes:
+                self.fail(f"load of b{buf}, a buffer the kernel writes", e)
+            b = self.k.buffers[buf]
+            if e.dtype != b.dtype:
+                self.fail(f"load of {b.dtype} buffer b{buf} typed {e.dtype}", e)
+            self.check_index(e.attrs.get("index"), allowed, e)
+            if guard is None:
+                self.in_range(e.attrs["index"], b.numel, "load index", e)
+        elif e.op == "const":
+            v = e.attrs.get("value")
+            if e.dtype == "b8":
+                ok = isinstance(v, bool) or isinstance(v, int) and v in (0, 1)
+            elif e.dtype in INTS:
+                ok = isinstance(v, int)
+            else:
+                ok = e.dtype in FLOATS and isinstance(v, (int, float)) and not isinstance(v, bool)
+            if not ok:
+                self.fail(f"constant {v!r} does not fit dtype {e.dtype}", e)
+        elif e.op == "index":
+            self.check_index(e.attrs.get("expr"), allowed, e)
+            if e.dtype not in INTS:
+                self.fail(f"a loop index must be an integer, got {e.dtype}", e)
+        elif e.op == "acc":
+            r = e.attrs.get("red")
+            if not isinstance(r, Reduction) or id(r) not in self.done_red:
+                self.fail("accumulator of a reduction that is not finished by an earlier stage", e)
+            if e.dtype != r.dtype:
+                self.fail(f"accumulator typed {e.dtype} of a {r.dtype} reduction", e)
+        elif e.op == "clamp_index":
+            if (len(e.args) != 1 or e.args[0].dtype not in INTS or e.dtype != "i64"
+                    or not isinstance(e.attrs.get("size"), int)):
+                self.fail("clamp_index takes one integer value and a size, and gives i64", e)
+        else:
+            self.pointwise(e)
+        if e.op in KERNEL_LEVEL and e.op != "clamp_index" and e.args:
+            self.fail(f"{e.op} takes no operands", e)
+
+    def pointwise(self, e: KExpr) -> None:
+        opdef = OPS.get(e.op)
+        if opdef is None or opdef.category != "pointwise":
+            self.fail(f"{e.op!r} is not a pointwise op of the op table nor a kernel op ({', '.join(KERNEL_LEVEL)})", e)
+        if opdef.arity is not None and len(e.args) != opdef.arity:
+            self.fail(f"{e.op} takes {opdef.arity} operand(s), got {len(e.args)}", e)
+        attrs = {k: v for k, v in e.attrs.items() if k not in _IGNORED_BY_INFER}
+        missing = [k for k in opdef.attrs if k not in attrs]
+        if missing:
+            self.fail(f"missing attribute(s) {', '.join(missing)}", e)
+        try:
+            want = opdef.infer(tuple(TensorType((), a.dtype) for a in e.args), attrs)
+        except (TypeError, ValueError, KeyError, IndexError) as err:
+            self.fail(str(err), e)
+        if want.dtype != e.dtype:
+            self.fail(f"{e.op} of {', '.join(a.dtype for a in e.args)} gives {want.dtype}, not {e.dtype}", e)
+
+    def check_reduction(self, r: Reduction, stage: int) -> None:
+        if r.stage != stage:
+            self.fail(f"reduction of stage {r.stage} listed in stage {stage}", r)
+        if r.op not in OPS or OPS[r.op].category != "reduction":
+            self.fail(f"{r.op!r} is not a reduction", r)
+        if not isinstance(r.value, KExpr):
+            self.fail("a reduction must reduce a kernel value", r)
+        self.value(r.value, set(self.loops))
+        want = "i64" if r.op in ("argmax", "argmin") else r.value.dtype
+        if r.dtype != want:
+            self.fail(f"{r.op} of {r.value.dtype} gives {want}, not {r.dtype}", r)
+
+    def check_store(self, st, level: str) -> None:
+        if not isinstance(st.buf, int) or st.buf not in self.writes:
+            self.fail(f"store to b{st.buf}, which is not a result buffer of the kernel", st)
+        self.check_index(st.index, set(self.loops) if level == "inner" else self.outer, st)
+        self.value(st.value, set(self.loops))
+        b = self.k.buffers[st.buf]
+        if st.value.dtype != b.dtype:
+            self.fail(f"store of a {st.value.dtype} value to {b.dtype} buffer b{st.buf}", st)
+        self.in_range(st.index, b.numel, "store index", st)
+        if level == "outer":
+            self.outer_only(st.value, st)
+
+    def outer_only(self, root: KExpr, st) -> None:
+        """An outer store runs after the inner loops: its value may not read an inner index."""
+        inner = {v.name for v in self.k.inner}
+        if not inner:
+            return
+        stack, seen = [root], set()
+        while stack:
+            e = stack.pop()
+            if id(e) in seen:
+                continue
+            seen.add(id(e))
+            for name in ("index", "expr"):
+                x = e.attrs.get(name)
+                if isinstance(x, Expr):
+                    if x.vars() & inner:
+                        names = ", ".join(sorted(x.vars() & inner))
+                        self.fail(f"an outer store reads {e.op} at inner index {names}", e)
+                    stack += data_values(x)
+            stack += list(e.args) + [g for g in (e.attrs.get("guard"),) if isinstance(g, KExpr)]

@@ -1,0 +1,140 @@
+"""The IR text's words, shared by the graph and kernel printers and parsers: attribute values
+printed (`format_value`) and read back (`read_value`, `read_attrs`), the tokenizer, and ParseError."""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import torch
+
+from .ops import Ref
+from .types import DTYPES
+
+
+def format_value(v) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return repr(v)
+    if isinstance(v, str):
+        return v if v in DTYPES else json.dumps(v)  # dtype names print bare: cast [dtype=f16]
+    if isinstance(v, Ref):
+        return repr(v)
+    if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)):
+        return str(v)  # torch.float32, torch.strided, torch.contiguous_format
+    if isinstance(v, tuple):
+        inner = ", ".join(format_value(x) for x in v)
+        return f"({inner},)" if len(v) == 1 else f"({inner})"
+    if isinstance(v, list):
+        return "[" + ", ".join(format_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {format_value(x)}" for k, x in sorted(v.items())) + "}"
+    raise TypeError(f"cannot print attribute value {v!r} of type {type(v).__name__}")
+
+
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<arrow>->)
+  | (?P<var>%[A-Za-z0-9_.]+)
+  | (?P<ref>\$\d+)
+  | (?P<num>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+|inf(?![A-Za-z0-9_])))
+  | (?P<str>"(?:[^"\\]|\\.)*")
+  | (?P<name>[A-Za-z_][A-Za-z0-9_.]*)
+  | (?P<punct>[()\[\]{},:=])
+  | (?P<bad>.)
+""", re.VERBOSE)
+
+
+class ParseError(ValueError):
+    pass
+
+
+def tokens(line: str, lineno: int):
+    found = [m for m in _TOKEN.finditer(line) if m.lastgroup != "ws"]
+    for m in found:
+        if m.lastgroup == "bad":
+            raise ParseError(f"line {lineno}: cannot read {line[m.start():m.start() + 20]!r}")
+    return [(m.lastgroup, m.group()) for m in found]
+
+
+class Cursor:
+    def __init__(self, toks, lineno):
+        self.toks, self.i, self.lineno = toks, 0, lineno
+
+    def peek(self, k=0):
+        return self.toks[self.i + k] if self.i + k < len(self.toks) else (None, None)
+
+    def next(self):
+        t = self.peek()
+        self.i += 1
+        return t
+
+    def expect(self, text):
+        kind, val = self.next()
+        if val != text:
+            raise ParseError(f"line {self.lineno}: expected {text!r}, found {val!r}")
+
+    def done(self):
+        return self.i >= len(self.toks)
+
+
+def read_value(c: Cursor):
+    kind, val = c.next()
+    if kind == "num":
+        return float(val) if any(ch in val for ch in ".eEn") else int(val)
+    if kind == "str":
+        return json.loads(val)
+    if kind == "ref":
+        return Ref(int(val[1:]))
+    if kind == "name":
+        if val in ("true", "false"):
+            return val == "true"
+        if val == "none":
+            return None
+        if val == "nan":
+            return float("nan")
+        if val.startswith("torch."):
+            return getattr(torch, val[len("torch."):])
+        return val  # bare word: a dtype name such as f32
+    if val in ("(", "["):
+        close = ")" if val == "(" else "]"
+        items = []
+        while c.peek()[1] != close:
+            items.append(read_value(c))
+            if c.peek()[1] == ",":
+                c.next()
+        c.next()
+        return tuple(items) if close == ")" else items
+    if val == "{":
+        d = {}
+        while c.peek()[1] != "}":
+            k = read_value(c)
+            c.expect(":")
+            d[k] = read_value(c)
+            if c.peek()[1] == ",":
+                c.next()
+        c.next()
+        return d
+    raise ParseError(f"line {c.lineno}: unexpected {val!r}")
+
+
+def read_attrs(c: Cursor) -> dict:
+    attrs = {}
+    if c.peek()[1] != "[":
+        return attrs
+    c.next()
+    while c.peek()[1] != "]":
+        key = c.next()[1]
+        c.expect("=")
+        attrs[key] = read_value(c)
+        if c.peek()[1] == ",":
+            c.next()
+    c.next()
+    return attrs
