@@ -105,7 +105,7 @@ class KernelCodegen:
         if hit is not None:
             return hit
         args = [self.value(a) for a in e.args]
-        if "where" in e.attrs:  # an integer division: a zero divisor is an error, as in eager
+        if "where" in e.attrs and SCALAR[e.op].kind == "pointwise":  # an integer division: a zero divisor is an error
             b = self.b
             bad = b.icmp_signed("==", args[1], ir.Constant(args[1].type, 0))
             if e.attrs.get("guard") is not None:

@@ -218,8 +218,8 @@ def _sign(o, a, adt, at):
 
 def _relu(o, a, adt, at):
     b, x = o.b, a[0]
-    if adt in FLOATS:
-        return b.select(b.fcmp_ordered("<", x, o.fconst(x, 0.0)), o.fconst(x, 0.0), x)
+    if adt in FLOATS:  # x where x >= 0 or NaN: relu(-0.0) is -0.0 and relu(NaN) NaN, as in torch
+        return b.select(b.fcmp_unordered(">=", x, o.fconst(x, 0.0)), x, o.fconst(x, 0.0))
     if adt in UNSIGNED:
         return x
     return b.select(b.icmp_signed("<", x, ir.Constant(x.type, 0)), ir.Constant(x.type, 0), x)
