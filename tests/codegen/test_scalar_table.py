@@ -321,3 +321,18 @@ def test_float_to_small_int_casts_follow_eager_out_of_range(backend):
     inputs = [v.to(DTYPES[s]) for s in FLOATS]
     specs = [(f"{s}->{d}", "cast", (i,), {"dtype": d}) for i, s in enumerate(FLOATS) for d in INTS]
     check(program(backend, specs, inputs), reference(specs, inputs))
+
+
+@pytest.mark.parametrize("src, dst", [("f32", "i8"), ("f32", "u8"), ("f64", "i32"), ("f16", "i16")])
+def test_float_to_int_casts_stay_vector_code(src, dst):
+    """torch's route (a range check and selects around the conversion) still vectorizes."""
+    import re
+
+    from minicomp.codegen.llvm import generate_module
+    from minicomp.runtime import cpu
+    x = Node("input", (), type=TensorType((1024,), src), name="x")
+    y = Node("cast", [x], {"dtype": dst}, TensorType((1024,), dst))
+    fused = run_passes(Graph("cast", [x], [y], [y]), make_context(Options.make("cpu"), "cast", "cpu"))
+    optimized = cpu.optimize(generate_module([n.meta["kernel"] for n in fused.nodes if n.op == "kernel"])[0])
+    bits = {"i8": 8, "u8": 8, "i16": 16, "i32": 32}[dst]
+    assert re.search(rf"<\d+ x i{bits}>", optimized), f"{src} -> {dst} is not vector code"
