@@ -11,7 +11,7 @@ around the loop over the tile's columns, which reads along rows and vectorizes: 
 from __future__ import annotations
 
 from ..ir.kernel import Kernel, walk
-from .llvm_ops import I1, I64, reg_type
+from .llvm_values import I1, I64, reg_type
 
 COLUMN_TILE = 1024  # columns accumulated at once
 

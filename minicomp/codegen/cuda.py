@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from ..ir.index import Expr, Var
 from ..ir.kernel import Kernel, KExpr
+from ..ir.scalar import SCALAR
+from ..ir.types import itemsize
 from . import cuda_ops as ops
 from .collapse import collapse
 from .cuda_plan import MAX_BLOCK, WARP_ROW_MAX, plan, prod
@@ -122,32 +124,11 @@ class _KernelGen:
         for scope in reversed(self.scopes):
             if id(e) in scope:
                 return scope[id(e)]
-        if e.op == "load":
-            dt = e.dtype
-            if id(e) in self.vec_loads:
-                ref = f"{self.vec_loads[id(e)]}.v[lane]"
-            else:
-                idx = self.index(e.attrs["index"])
-                guard = e.attrs.get("guard")
-                if guard is not None:  # a cat part outside its range reads element 0 (then discarded)
-                    idx = f"{self.value(guard)} ? {idx} : 0"
-                ref = f"b{e.attrs['buf']}[{self.checked(idx, e.attrs['buf'])}]"
-            out = self.tmp(ops.REG[dt], ops.from_mem(dt, ref))
-        elif e.op == "const":
-            out = ops.const(e.dtype, e.attrs["value"])
-        elif e.op == "index":
-            out = self.tmp(ops.REG[e.dtype], ops.cast(self.index(e.attrs["expr"]), "i64", e.dtype))
-        elif e.op == "acc":
-            out = self.accs[id(e.attrs["red"])]
-        elif e.op == "clamp_index":
-            out = self.tmp("long long", f"mc_clamp_index((long long)({self.value(e.args[0])}), {e.attrs['size']}LL)")
-        else:
-            args = [self.value(a) for a in e.args]
-            attrs = {k: v for k, v in e.attrs.items() if k != "guard"}
-            adt = e.args[0].dtype if e.args else e.dtype
-            if e.op == "where":
-                adt = e.args[1].dtype
-            out = self.tmp(ops.REG[e.dtype], ops.emit(e.op, args, e.dtype, attrs, adt))
+        if id(e) in self.vec_loads:  # the pointwise vector path loaded it with its neighbours
+            out = self.tmp(ops.REG[e.dtype], ops.from_mem(e.dtype, f"{self.vec_loads[id(e)]}.v[lane]"))
+        else:  # the table's recipe (cuda_ops.LOWER); a literal or a name needs no temporary
+            expr = ops.emit(self, e.op, [self.value(a) for a in e.args], e.dtype, e.attrs, [a.dtype for a in e.args])
+            out = expr if e.op in ops.INLINE else self.tmp(ops.REG[e.dtype], expr)
         self.scopes[-1][id(e)] = out
         return out
 
@@ -194,7 +175,7 @@ class _KernelGen:
         v = k.outer[-1]
         bufs = sorted({e.attrs["buf"] for e in self.exprs if id(e) in vec_loads}
                       | {k.outer_stores[j].buf for j in vec_stores})
-        checks = [f"((unsigned long long)b{b} % {width * ops.ITEMSIZE[k.buffers[b].dtype]} == 0)" for b in bufs]
+        checks = [f"((unsigned long long)b{b} % {width * itemsize(k.buffers[b].dtype)} == 0)" for b in bufs]
         self.open(f"if ({' && '.join(checks)})")
         self.open(f"for ({it} q = start; q < n / {width}; q += stride)")
         self.emit(f"const {it} base = q * {width};")
@@ -274,7 +255,7 @@ class _KernelGen:
             dt = r.value.dtype
             t = ops.REG[dt]
             arg = r.op in ("argmax", "argmin")
-            init = _init(r.op, dt)
+            init = ops.const(dt, SCALAR[r.op].identity(dt))
             acc = self.tmp(t, init, "a", const=False)
             pos = self.tmp("long long", "MC_NO_INDEX", "a", const=False) if arg else None
             slots.append((r, acc, pos, init))
@@ -283,24 +264,23 @@ class _KernelGen:
         for r, acc, pos, _ in slots:
             x = self.value(r.value)
             if pos:
-                self.emit(f"mc_arg_combine<{str(r.op == 'argmax').lower()}>({acc}, {pos}, {x}, (long long)r);")
+                self.emit(f"mc_arg_combine<{ops.LOWER[r.op](r.value.dtype)}>({acc}, {pos}, {x}, (long long)r);")
             else:
-                self.emit(f"{acc} = {_combiner(r.op, r.value.dtype)}()({acc}, {x});")
+                self.emit(f"{acc} = {ops.LOWER[r.op](r.value.dtype)}()({acc}, {x});")
         self.close()
         for r, acc, pos, init in slots:
-            t = ops.REG[r.value.dtype]
+            t, fold = ops.REG[r.value.dtype], ops.LOWER[r.op](r.value.dtype)  # the table's functor
             if pos and self.strategy == "warp":
-                self.emit(f"mc_warp_arg_reduce<{str(r.op == 'argmax').lower()}>({acc}, {pos});")
+                self.emit(f"mc_warp_arg_reduce<{fold}>({acc}, {pos});")
             elif pos and self.strategy == "block":
                 self.emit(f"__shared__ {t} s_{acc}[32];")
                 self.emit(f"__shared__ long long s_{pos}[32];")
-                self.emit(f"mc_block_arg_reduce<{str(r.op == 'argmax').lower()}>({acc}, {pos}, s_{acc}, s_{pos});")
+                self.emit(f"mc_block_arg_reduce<{fold}>({acc}, {pos}, s_{acc}, s_{pos});")
             elif self.strategy == "warp":
-                self.emit(f"{acc} = mc_warp_reduce({acc}, {_combiner(r.op, r.value.dtype)}());")
+                self.emit(f"{acc} = mc_warp_reduce({acc}, {fold}());")
             elif self.strategy == "block":
                 self.emit(f"__shared__ {t} s_{acc}[32];")
-                op = _combiner(r.op, r.value.dtype)
-                self.emit(f"{acc} = mc_block_reduce({acc}, {op}(), ({t})({init}), s_{acc});")
+                self.emit(f"{acc} = mc_block_reduce({acc}, {fold}(), ({t})({init}), s_{acc});")
             self.accs[id(r)] = pos or acc
 
     # -- the function --------------------------------------------------------------------------------
@@ -330,20 +310,3 @@ class _KernelGen:
 
 def _lit(v: int) -> str:
     return f"{v}LL" if abs(v) >= (1 << 31) else str(v)
-
-
-def _init(op: str, dtype: str) -> str:
-    if op in ("sum", "prod"):
-        return "0" if op == "sum" else "1"
-    big = op in ("amin", "argmin")
-    if dtype in ops.FLOATS:
-        inf = "MC_INF_D" if dtype == "f64" else "MC_INF_F"
-        return inf if big else f"-{inf}"
-    return ops.int_limit(dtype, big)
-
-
-def _combiner(op: str, dtype: str) -> str:
-    if dtype == "b8":
-        return {"amax": "mc_op_or", "amin": "mc_op_and", "sum": "mc_op_or", "prod": "mc_op_and"}[op]
-    wrap = "wrap_" if dtype in ops.WRAPS else ""
-    return {"sum": f"mc_op_{wrap}sum", "prod": f"mc_op_{wrap}prod", "amax": "mc_op_max", "amin": "mc_op_min"}[op]

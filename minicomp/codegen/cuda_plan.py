@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..ir import OPS
 from ..ir.index import Expr, Var
 from ..ir.kernel import Kernel, walk
-from .cuda_ops import ITEMSIZE
+from ..ir.types import itemsize
 
 WARP_ROW_MAX = 1024     # longest row a single warp reduces
 THREAD_ROW_MAX = 32     # rows this short get a thread each
@@ -118,7 +118,7 @@ def _vector(k: Kernel, exprs):
     contiguous = [a for a in accesses if a[1].is_affine() and a[1].coeff(v) == 1]
     if not contiguous:
         return None
-    width = min(8, 16 // max(ITEMSIZE[k.buffers[b].dtype] for b, _, _ in contiguous))
+    width = min(8, 16 // max(itemsize(k.buffers[b].dtype) for b, _, _ in contiguous))
     if width < 2 or prod(k.outer) < width or (len(k.outer) > 1 and v.size % width):
         return None
     chosen = [key for _, idx, key in contiguous

@@ -29,7 +29,10 @@ from ..ir.kernel import Kernel, KExpr, walk
 from .collapse import collapse
 from .columns import columns, emit_columns
 from .pieces import split
-from .llvm_ops import FLOATS, I1, I64, UNSIGNED, Ops, const, mem_type, reg_type
+from ..ir.scalar import SCALAR
+from ..ir.types import FLOATS
+from .llvm_ops import LOWER, emit
+from .llvm_values import I1, I64, Ops, const, mem_type, reg_type
 
 PTR = ir.PointerType()
 I32 = ir.IntType(32)
@@ -43,18 +46,18 @@ RUN_SUFFIX, PAR_SUFFIX, BUFS_SUFFIX = "_run", "_par", "_bufs"
 # running side by side (each with its own table) never see each other's failures.
 
 
-def _site(e: KExpr):
-    """(exception, message) when e is checked at run time: a gather's index, an integer division."""
-    if e.op == "clamp_index":
-        return "IndexError", f"index out of range in {e.attrs['where']} (a dimension of size {e.attrs['size']})"
-    if "where" in e.attrs:
-        return "ZeroDivisionError", f"integer division by zero in {e.attrs['where']}"
+def site(op: str, attrs: dict):
+    """(exception, message) when an op is checked at run time: a gather's index, an integer division."""
+    if op == "clamp_index":
+        return "IndexError", f"index out of range in {attrs['where']} (a dimension of size {attrs['size']})"
+    if "where" in attrs:
+        return "ZeroDivisionError", f"integer division by zero in {attrs['where']}"
     return None
 
 
 def check_sites(k: Kernel) -> list:
     """Kernel k's run-time checks, (exception, message) each, in the order of its flag bits."""
-    return sorted({s for s in map(_site, k.exprs()) if s is not None})[:32]
+    return sorted({s for s in (site(e.op, e.attrs) for e in k.exprs()) if s is not None})[:32]
 MATH_INTERLEAVE = 4
 MATH_INTERLEAVE_MIN_TRIPS = 256  # shorter loops would leave most iterations to the scalar remainder
 NO_UNROLL_MIN_TRIPS = 128  # constant-trip loops this long are not unrolled (see the module docstring)
@@ -101,40 +104,14 @@ class KernelCodegen:
         hit = self.lookup(e)
         if hit is not None:
             return hit
-        b = self.b
-        if e.op == "load":
-            idx = self.index(e.attrs["index"])
-            guard = e.attrs.get("guard")
-            if guard is not None:  # a cat part outside its range reads element 0 (then discarded)
-                idx = b.select(self.value(guard), idx, I64(0))
-            ptr = b.gep(self.ptrs[e.attrs["buf"]], [idx], source_etype=mem_type(e.dtype))
-            out = self.ops.from_mem(e.dtype, b.load(ptr, typ=mem_type(e.dtype)))
-        elif e.op == "const":
-            out = const(e.dtype, e.attrs["value"])
-        elif e.op == "index":
-            out = self.ops.cast(self.index(e.attrs["expr"]), "i64", e.dtype)
-        elif e.op == "acc":
-            out = self.accs[id(e.attrs["red"])]
-        elif e.op == "clamp_index":
-            i = self.value(e.args[0])
-            i = b.sext(i, I64) if i.type != I64 else i
-            size = I64(e.attrs["size"])
-            low, high = b.icmp_signed("<", i, I64(0)), b.icmp_signed(">=", i, size)
-            bad = b.or_(low, high)
-            if e.attrs.get("guard") is not None:  # a cat part read where it is not selected
+        args = [self.value(a) for a in e.args]
+        if "where" in e.attrs and SCALAR[e.op].kind == "pointwise":  # an integer division: a zero divisor is an error
+            b = self.b
+            bad = b.icmp_signed("==", args[1], ir.Constant(args[1].type, 0))
+            if e.attrs.get("guard") is not None:
                 bad = b.and_(bad, self.value(e.attrs["guard"]))
-            self.note_failure(bad, _site(e))
-            # as torch's index_select and gather, a negative index is out of range (advanced indexing
-            # wraps before it gathers); the clamp keeps a bad index's load inside the buffer
-            out = b.select(low, I64(0), b.select(high, b.sub(size, I64(1)), i))
-        else:
-            args = [self.value(a) for a in e.args]
-            if "where" in e.attrs:  # an integer division: a zero divisor is an error, as in eager
-                bad = b.icmp_signed("==", args[1], ir.Constant(args[1].type, 0))
-                if e.attrs.get("guard") is not None:
-                    bad = b.and_(bad, self.value(e.attrs["guard"]))
-                self.note_failure(bad, _site(e))
-            out = self.ops.emit(e.op, args, e.dtype, e.attrs, [a.dtype for a in e.args])
+            self.check(bad, e.op, e.attrs)
+        out = emit(self.ops, e.op, args, e.dtype, e.attrs, [a.dtype for a in e.args])  # the table's recipe
         self.scopes[-1][id(e)] = out
         return out
 
@@ -235,55 +212,34 @@ class KernelCodegen:
         return v
 
     def init_value(self, r):
-        dt = r.value.dtype
-        vt = reg_type(dt)
-        if r.op == "sum":
-            return ir.Constant(vt, 0.0 if dt in FLOATS else 0)
-        if r.op == "prod":
-            return ir.Constant(vt, 1.0 if dt in FLOATS else 1)
-        big = r.op in ("amin", "argmin")
-        if dt in FLOATS:
-            return ir.Constant(vt, float("inf") if big else float("-inf"))
-        if dt == "b8":
-            return I1(1 if big else 0)
-        bits = vt.width
-        if dt in UNSIGNED:
-            return ir.Constant(vt, (1 << bits) - 1 if big else 0)
-        return ir.Constant(vt, (1 << (bits - 1)) - 1 if big else -(1 << (bits - 1)))
+        return const(r.value.dtype, SCALAR[r.op].identity(r.value.dtype))
 
     def combine(self, r, x, acc, nan, idx) -> None:
+        """Fold x into reduction r's accumulator with the backend's recipe for r (llvm_ops._fold)."""
         b, dt = self.b, r.value.dtype
         cur = b.load(acc)
-        if r.op in ("sum", "prod"):
-            if dt in FLOATS:
-                new = (b.fadd if r.op == "sum" else b.fmul)(cur, x, flags=("reassoc",))
-            else:
-                new = (b.add if r.op == "sum" else b.mul)(cur, x)
-            b.store(new, acc)
-        elif r.op in ("amax", "amin"):
-            if dt in FLOATS:  # nnan lets LLVM vectorize the reduction; NaNs are tracked in `nan` instead
-                fn = self.module.declare_intrinsic(f"llvm.{'maxnum' if r.op == 'amax' else 'minnum'}", [cur.type],
-                                                   ir.FunctionType(cur.type, [cur.type, cur.type]))
-                b.store(b.call(fn, [cur, x], fastmath=("nnan", "nsz")), acc)
+        if r.op not in ("argmax", "argmin"):
+            b.store(LOWER[r.op](self.ops, [cur, x], dt, {}), acc)
+            if dt in FLOATS and r.op in ("amax", "amin"):  # the fold ignores NaN (nnan): tracked here
                 b.store(b.or_(b.load(nan), b.fcmp_unordered("uno", x, x)), nan)
-            else:
-                b.store(self.ops.emit("maximum" if r.op == "amax" else "minimum", [cur, x], dt, {}, [dt, dt]), acc)
-        else:  # argmax / argmin: strictly better, or the first NaN (torch treats NaN as the extreme)
-            pos = self.vars[self.k.inner[0].name] if self.k.inner else I64(0)
-            if dt in FLOATS:
-                better = b.fcmp_ordered(">" if r.op == "argmax" else "<", x, cur)
-                first_nan = b.and_(b.fcmp_unordered("uno", x, x), b.xor(b.load(nan), I1(1)))
-                take = b.and_(b.or_(better, first_nan), b.xor(b.load(nan), I1(1)))
-                b.store(b.or_(b.load(nan), b.fcmp_unordered("uno", x, x)), nan)
-            else:
-                cmp = b.icmp_unsigned if dt in UNSIGNED else b.icmp_signed
-                take = cmp(">" if r.op == "argmax" else "<", x, cur)
-                first = b.icmp_signed("==", pos, I64(0))
-                take = b.or_(take, first)
-            b.store(b.select(take, x, cur), acc)
-            b.store(b.select(take, pos, b.load(idx)), idx)
+            return
+        # argmax / argmin: strictly better, or the first NaN (torch treats NaN as the extreme)
+        pos = self.vars[self.k.inner[0].name] if self.k.inner else I64(0)
+        better = LOWER[r.op](self.ops, [x, cur], dt, {})
+        if dt in FLOATS:
+            first_nan = b.and_(b.fcmp_unordered("uno", x, x), b.xor(b.load(nan), I1(1)))
+            take = b.and_(b.or_(better, first_nan), b.xor(b.load(nan), I1(1)))
+            b.store(b.or_(b.load(nan), b.fcmp_unordered("uno", x, x)), nan)
+        else:
+            take = b.or_(better, b.icmp_signed("==", pos, I64(0)))
+        b.store(b.select(take, x, cur), acc)
+        b.store(b.select(take, pos, b.load(idx)), idx)
 
-    def note_failure(self, bad, site) -> None:
+    def check(self, bad, op: str, attrs: dict) -> None:
+        """Report the run-time check of op (with attrs) as failed where `bad` holds."""
+        self.note_failure(bad, site(op, attrs))
+
+    def note_failure(self, bad, where) -> None:
         """Or `bad` into the site's bit of the kernel's flags (an or-reduction: the loop still
         vectorizes); the body ends by or-ing them into the flag word its buffer table points to,
         which the runtime checks after the call and turns into the site's exception (IndexError,
@@ -292,10 +248,10 @@ class KernelCodegen:
             self.failed = self.entry_alloca(I32)
             with self.b.goto_block(self.entry):
                 self.b.store(I32(0), self.failed)
-        if site in self.sites:
-            bit = self.sites.index(site)
+        if where in self.sites:
+            bit = self.sites.index(where)
         else:  # past the 32 bits, the last bit's exception stands for the rest; else check_sites missed it
-            assert len(self.sites) == 32, f"check site {site} not found by check_sites in {self.k.name}"
+            assert len(self.sites) == 32, f"check site {where} not found by check_sites in {self.k.name}"
             bit = 31
         flag = self.b.shl(self.b.zext(bad, I32), I32(bit))
         self.b.store(self.b.or_(self.b.load(self.failed), flag), self.failed)
@@ -310,7 +266,7 @@ class KernelCodegen:
             dt = self.k.buffers[st.buf].dtype
             ptr = self.b.gep(self.ptrs[st.buf], [self.index(st.index)], source_etype=mem_type(dt))
             kept = self.ops.from_mem(dt, self.b.load(ptr, typ=mem_type(dt)))
-            v = self.ops.emit(e.op, [kept, self.value(e.args[1])], e.dtype, e.attrs, [a.dtype for a in e.args])
+            v = emit(self.ops, e.op, [kept, self.value(e.args[1])], e.dtype, e.attrs, [a.dtype for a in e.args])
             self.b.store(self.ops.to_mem(dt, v), ptr)
             return
         self.store_value(st.buf, st.index, self.value(st.value))
@@ -332,7 +288,7 @@ class KernelCodegen:
         self.entry = fn.append_basic_block("entry")
         start_bb = fn.append_basic_block("start")
         self.b = ir.IRBuilder(start_bb)
-        self.ops = Ops(self.b, self.module)
+        self.ops = Ops(self.b, self.module, self)
         self.ptrs = fn.args[:nb]
         flag_word, start, end = fn.args[nb], fn.args[nb + 1], fn.args[nb + 2]
         outer = list(k.outer)

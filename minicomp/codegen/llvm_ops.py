@@ -1,392 +1,291 @@
-"""Scalar ops for the LLVM backend: one IR-builder recipe per pointwise op of the op table.
+"""The LLVM backend's per-op table: LOWER maps each row of the scalar op table (ir/scalar.py) it
+lowers to one IR-builder recipe, `recipe(o, args, adt, attrs) -> register`, where `o` is an Ops
+(llvm_values.py) at the builder's position, `args` the operand registers and `adt` the dtype the op
+computes in. SUPPORTED_OPS, the tensor-level ops this backend fuses, is derived from LOWER's keys and
+checked against the scalar table when this module loads (ir.scalar.backend_ops).
 
-Values live in registers as `reg_type(dtype)`: f16/bf16 are computed as float (f32 math, as the
-issue of low-precision storage asks) and rounded back to their precision whenever an op produces
-them; b8 is i1. Float ops are NaN-faithful to torch: maximum/minimum propagate NaN, `ne` is
-unordered. Transcendentals come from llvm_math (vectorizable polynomials); the rare ones without a
-polynomial call libm (scalar) and erfinv is left to torch (not in SUPPORTED_OPS).
+Float ops are NaN-faithful to torch: maximum/minimum propagate NaN, `ne` is unordered, sign(NaN) is
+0. Transcendentals come from llvm_math (vectorizable polynomials); the rare ones without a
+polynomial call libm (scalar); erfinv is left to torch. Reductions fold values with the recipe of
+their row's `combine` op (`_fold`); llvm.py keeps the loops and the NaN tracking around them.
+Adding an op: a row in the scalar table and one entry here (and in cuda_ops.py).
 """
 from __future__ import annotations
 
-import math
-
 import llvmlite.ir as ir
 
+from ..ir.scalar import SCALAR, backend_ops, operand_dtype
+from ..ir.types import FLOATS, LOW_FLOATS, UNSIGNED
 from .llvm_math import declare_math
+from .llvm_values import F32, I1, I64, Ops, const, mem_type
 
-F32, F64, I1, I8, I16, I32, I64 = (ir.FloatType(), ir.DoubleType(), ir.IntType(1), ir.IntType(8),
-                                   ir.IntType(16), ir.IntType(32), ir.IntType(64))
-FLOATS = ("f32", "f64", "f16", "bf16")
-UNSIGNED = ("u8", "b8")
-_POLY = {"exp", "expm1", "log", "log1p", "tanh", "erf", "erfc", "sin", "cos", "tan", "atan", "sigmoid",
-         "exp2", "log2"}
+LEFT_TO_TORCH = ("erfinv",)  # no vectorizable polynomial yet: runs as a torch op between kernels
+_POLY = ("exp", "expm1", "log", "log1p", "tanh", "erf", "erfc", "sin", "cos", "tan", "atan", "sigmoid",
+         "exp2", "log2")
 _LIBM = {"asin": "asinf", "acos": "acosf", "sinh": "sinhf", "cosh": "coshf", "asinh": "asinhf",
          "acosh": "acoshf", "atanh": "atanhf", "log10": "log10f"}
-SUPPORTED_OPS = (set(_POLY) | set(_LIBM) | {
-    "neg", "abs", "sqrt", "rsqrt", "reciprocal", "floor", "ceil", "round", "trunc", "frac", "sign", "relu", "copy",
-    "silu", "gelu", "bitwise_not", "logical_not", "isnan", "isinf", "cast", "add", "sub", "mul", "div",
-    "div_floor", "div_trunc", "pow", "maximum", "minimum", "remainder", "fmod", "atan2", "bitwise_and",
-    "bitwise_or", "bitwise_xor", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-    "logical_xor", "where", "sum", "prod", "amax", "amin", "argmax", "argmin"})
 
 
-def reg_type(dtype: str):
-    return {"f32": F32, "f16": F32, "bf16": F32, "f64": F64, "i64": I64, "i32": I32, "i16": I16,
-            "i8": I8, "u8": I8, "b8": I1}[dtype]
+def emit(o: Ops, op: str, args, dtype: str, attrs: dict, arg_dtypes):
+    """Row `op` of the scalar table over registers `args` (of `arg_dtypes`): the result register of IR
+    dtype `dtype`, rounded to it for f16/bf16 when a pointwise op produces it."""
+    out = LOWER[op](o, list(args), operand_dtype(op, arg_dtypes, dtype), attrs)
+    if dtype in LOW_FLOATS and op != "cast" and SCALAR[op].kind == "pointwise":
+        return o.round_to(dtype, out)
+    return out
 
 
-def mem_type(dtype: str):
-    return {"f16": ir.HalfType(), "bf16": I16, "b8": I8}.get(dtype) or reg_type(dtype)
+# ---- kernel-level ops: they read the kernel's code generator (o.gen, llvm.py) ---------------------------
+
+def _load(o, a, adt, at):
+    g, b = o.gen, o.b
+    idx = g.index(at["index"])
+    if at.get("guard") is not None:  # a cat part outside its range reads element 0 (then discarded)
+        idx = b.select(g.value(at["guard"]), idx, I64(0))
+    ptr = b.gep(g.ptrs[at["buf"]], [idx], source_etype=mem_type(adt))
+    return o.from_mem(adt, b.load(ptr, typ=mem_type(adt)))
 
 
-def const(dtype: str, value):
-    t = reg_type(dtype)
-    if dtype in FLOATS:
-        v = float(value)
-        if dtype in ("f16", "bf16") and math.isfinite(v):
-            import torch
-            v = float(torch.tensor(v, dtype={"f16": torch.float16, "bf16": torch.bfloat16}[dtype]).float())
-        return ir.Constant(t, v)
-    if dtype == "b8":
-        return ir.Constant(I1, int(bool(value)))
-    return ir.Constant(t, int(value))
+def _clamp_index(o, a, adt, at):
+    g, b = o.gen, o.b
+    i = a[0] if a[0].type == I64 else b.sext(a[0], I64)
+    size = I64(at["size"])
+    low, high = b.icmp_signed("<", i, I64(0)), b.icmp_signed(">=", i, size)
+    bad = b.or_(low, high)
+    if at.get("guard") is not None:  # a cat part read where it is not selected
+        bad = b.and_(bad, g.value(at["guard"]))
+    g.check(bad, "clamp_index", at)
+    # as torch's index_select and gather, a negative index is out of range (advanced indexing wraps
+    # before it gathers); the clamp keeps a bad index's load inside the buffer
+    return b.select(low, I64(0), b.select(high, b.sub(size, I64(1)), i))
 
 
-class Ops:
-    """Emits scalar ops at the builder's position. `b` is an ir.IRBuilder, `module` its module."""
+# ---- arithmetic --------------------------------------------------------------------------------------
 
-    def __init__(self, b: ir.IRBuilder, module: ir.Module):
-        self.b, self.module = b, module
-        self.math_calls = 0  # calls of our polynomial math emitted so far (llvm.py interleaves such loops)
-
-    # -- helpers ----------------------------------------------------------------------------------
-    def intr(self, name, *args, ty=None):
-        ty = ty or args[0].type
-        fn = self.module.declare_intrinsic(f"llvm.{name}", [ty], ir.FunctionType(ty, [a.type for a in args]))
-        return self.b.call(fn, list(args))
-
-    def libm(self, name, *args):
-        fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(F32, [F32] * len(args)), name)
-        return self.b.call(fn, list(args))
-
-    def math(self, name, x):
-        if x.type == F64:  # f64 math: through f32 polynomials would lose precision; use libm
-            if name == "sigmoid":  # libm has none (an unresolved symbol would jump to address 0)
-                one = self.fconst(x, 1.0)
-                return self.b.fdiv(one, self.b.fadd(one, self.math("exp", self.b.fneg(x))))
-            fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(F64, [F64]), name)
-            return self.b.call(fn, [x])
-        self.math_calls += 1
-        return self.b.call(declare_math(self.module, name), [x])
-
-    def fconst(self, x, v):
-        return ir.Constant(x.type, v)
-
-    def round_to(self, dtype: str, v):
-        """Round a float register to the precision `dtype` stores (f16/bf16); others unchanged."""
-        if dtype == "f16":
-            return self.b.fpext(self.b.fptrunc(v, ir.HalfType()), F32)
-        if dtype == "bf16":
-            return self.from_mem("bf16", self.to_mem("bf16", v))
-        return v
-
-    def to_mem(self, dtype: str, v):
-        b = self.b
-        if dtype == "f16":
-            return b.fptrunc(v, ir.HalfType())
-        if dtype == "bf16":  # round to nearest even on the top 16 bits; NaN stays a quiet NaN
-            bits = b.bitcast(v, I32)
-            lsb = b.and_(b.lshr(bits, I32(16)), I32(1))
-            rounded = b.lshr(b.add(bits, b.add(I32(0x7FFF), lsb)), I32(16))
-            isnan = b.fcmp_unordered("uno", v, v)
-            return b.trunc(b.select(isnan, I32(0x7FC0), rounded), I16)
-        if dtype == "b8":
-            return b.zext(v, I8)
-        return v
-
-    def from_mem(self, dtype: str, v):
-        b = self.b
-        if dtype == "f16":
-            return b.fpext(v, F32)
-        if dtype == "bf16":
-            return b.bitcast(b.shl(b.zext(v, I32), I32(16)), F32)
-        if dtype == "b8":
-            return b.icmp_unsigned("!=", v, I8(0))
-        return v
-
-    def cast(self, v, src: str, dst: str):
-        b = self.b
-        st, dt = reg_type(src), reg_type(dst)
-        if src == dst:
-            return v
-        if dst == "b8":
-            return b.fcmp_unordered("une", v, ir.Constant(st, 0.0)) if src in FLOATS else b.icmp_unsigned("!=", v, ir.Constant(st, 0))
-        if src in FLOATS and dst in FLOATS:
-            out = v if st == dt else (b.fpext(v, dt) if dt == F64 else b.fptrunc(v, dt))
-            return self.round_to(dst, out)
-        if src in FLOATS:  # float -> int truncates toward zero, like torch
-            return b.fptoui(v, dt) if dst == "u8" else b.fptosi(v, dt)
-        if dst in FLOATS:
-            out = b.uitofp(v, dt) if src in UNSIGNED else b.sitofp(v, dt)
-            return self.round_to(dst, out)
-        if st.width == dt.width:
-            return v
-        if st.width > dt.width:
-            return b.trunc(v, dt)
-        return b.zext(v, dt) if src in UNSIGNED else b.sext(v, dt)
-
-    # -- the op table's pointwise ops ----------------------------------------------------------------
-    def emit(self, op: str, args, dtype: str, attrs: dict, arg_dtypes):
-        """args in registers; returns the result register of IR dtype `dtype` (rounded for f16/bf16)."""
-        fn = getattr(self, "op_" + op, None)
-        a0 = arg_dtypes[0] if arg_dtypes else dtype
-        if fn is not None:
-            out = fn(*args, adt=a0, **{k: v for k, v in attrs.items() if k != "guard"})
-        elif op in _POLY:
-            out = self.math(op, args[0])
-        elif op in _LIBM:
-            out = self.libm(_LIBM[op], args[0]) if args[0].type == F32 else self.math(_LIBM[op][:-1], args[0])
-        else:
-            raise NotImplementedError(f"LLVM codegen has no recipe for {op}")
-        return self.round_to(dtype, out) if dtype in ("f16", "bf16") and op != "cast" else out
-
-    def _arith(fop, iop):
-        def f(self, x, y, adt, **_):
-            return getattr(self.b, fop)(x, y) if adt in FLOATS else getattr(self.b, iop)(x, y)
-        return f
-
-    op_add = _arith("fadd", "add")
-    op_sub = _arith("fsub", "sub")
-    op_mul = _arith("fmul", "mul")
-
-    def op_div(self, x, y, adt, **_):
-        # arcp: x / s with s fixed for a row (softmax, norms) becomes x * (1/s), the reciprocal hoisted
-        return self.b.fdiv(x, y, flags=("arcp",))
-
-    def _safe_divisor(self, y):
-        return self.b.select(self.b.icmp_signed("==", y, ir.Constant(y.type, 0)), ir.Constant(y.type, 1), y)
-
-    def _sdivrem(self, x, y):
-        """Signed x / y and x % y, truncating, without the divisions that trap in hardware: y == 0
-        divides by 1 (torch raises there), y == -1 gives -x (wrapping) and 0, as torch's INT_MIN // -1."""
-        b, c = self.b, lambda v: ir.Constant(y.type, v)
-        minus1 = b.icmp_signed("==", y, c(-1))
-        safe = b.select(b.or_(minus1, b.icmp_signed("==", y, c(0))), c(1), y)
-        return b.select(minus1, b.neg(x), b.sdiv(x, safe)), b.srem(x, safe)
-
-    def op_div_trunc(self, x, y, adt, **_):
+def _arith(fop, iop):
+    def f(o, a, adt, at):  # `flags`: a reduction's combine step asks for reassoc (llvm.py)
         if adt in FLOATS:
-            return self.intr("trunc", self.b.fdiv(x, y))
-        if adt in UNSIGNED:
-            return self.b.udiv(x, self._safe_divisor(y))
-        return self._sdivrem(x, y)[0]
+            return getattr(o.b, fop)(a[0], a[1], flags=at.get("flags", ()))
+        return getattr(o.b, iop)(a[0], a[1])
+    return f
 
-    def op_div_floor(self, x, y, adt, **_):
-        b = self.b
-        if adt in FLOATS:  # torch's div_floor_floating: Python's // (-4.5 // inf == -1, not -0)
-            zero, one = self.fconst(x, 0.0), self.fconst(x, 1.0)
-            q = b.fdiv(x, y)
-            m = b.frem(x, y)
-            div = b.fdiv(b.fsub(x, m), y)
-            fix = b.and_(b.fcmp_ordered("!=", m, zero), b.xor(b.fcmp_ordered("<", y, zero), b.fcmp_ordered("<", m, zero)))
-            div = b.select(fix, b.fsub(div, one), div)
-            fl = self.intr("floor", div)
-            fl = b.select(b.fcmp_ordered(">", b.fsub(div, fl), self.fconst(x, 0.5)), b.fadd(fl, one), fl)
-            out = b.select(b.fcmp_unordered("une", div, zero), fl, self.intr("copysign", zero, q))
-            return b.select(b.fcmp_ordered("==", y, zero), q, out)
-        if adt in UNSIGNED:
-            return b.udiv(x, self._safe_divisor(y))
-        q, r = self._sdivrem(x, y)
-        zero = ir.Constant(x.type, 0)
-        fix = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
-        return b.sub(q, b.zext(fix, x.type))
 
-    def op_fmod(self, x, y, adt, **_):
-        if adt in FLOATS:
-            return self.b.frem(x, y)
-        if adt in UNSIGNED:
-            return self.b.urem(x, self._safe_divisor(y))
-        return self._sdivrem(x, y)[1]
+def _div(o, a, adt, at):
+    # arcp: x / s with s fixed for a row (softmax, norms) becomes x * (1/s), the reciprocal hoisted
+    return o.b.fdiv(a[0], a[1], flags=("arcp",))
 
-    def op_remainder(self, x, y, adt, **_):
-        b = self.b
-        if adt in UNSIGNED:
-            return b.urem(x, self._safe_divisor(y))
-        if adt in FLOATS:
-            m = b.frem(x, y)
-            zero = self.fconst(x, 0.0)
-            fix = b.and_(b.fcmp_ordered("!=", m, zero), b.xor(b.fcmp_ordered("<", m, zero), b.fcmp_ordered("<", y, zero)))
-            return b.select(fix, b.fadd(m, y), m)
-        m = self._sdivrem(x, y)[1]
-        zero = ir.Constant(x.type, 0)
-        fix = b.and_(b.icmp_signed("!=", m, zero), b.xor(b.icmp_signed("<", m, zero), b.icmp_signed("<", y, zero)))
-        return b.select(fix, b.add(m, y), m)
 
-    def op_pow(self, x, y, adt, **_):
-        if adt in FLOATS:
-            if x.type == F32:
-                self.math_calls += 1
-                return self.b.call(declare_math(self.module, "pow"), [x, y])
-            return self.intr("pow", x, y)
-        # integers: torch's powi, exact with wrapping multiplies (a double pow loses bits past 2**53):
-        # square-and-multiply over every exponent bit, unrolled into selects so the loop still vectorizes
-        b, t = self.b, x.type
-        one, zero = ir.Constant(t, 1), ir.Constant(t, 0)
-        result, base, e = one, x, y
-        for _ in range(t.width):
-            result = b.select(b.trunc(e, I1), b.mul(result, base), result)
-            base = b.mul(base, base)
-            e = b.lshr(e, one)
-        if adt in UNSIGNED:
-            return result
-        # a negative exponent: 1 ** -n == 1, (-1) ** -n == +-1, anything else 0
-        minus1 = ir.Constant(t, -1)
-        neg = b.select(b.icmp_signed("==", x, one), one,
-                       b.select(b.icmp_signed("==", x, minus1), b.select(b.trunc(y, I1), minus1, one), zero))
-        return b.select(b.icmp_signed("<", y, zero), neg, result)
+def _div_trunc(o, a, adt, at):
+    x, y = a
+    if adt in FLOATS:  # torch rounds an f16/bf16 quotient to its dtype before truncating it
+        return o.intr("trunc", o.round_to(adt, o.b.fdiv(x, y)))
+    if adt in UNSIGNED:
+        return o.b.udiv(x, o.safe_divisor(y))
+    return o.sdivrem(x, y)[0]
 
-    def op_atan2(self, x, y, adt, **_):
-        name = "atan2f" if x.type == F32 else "atan2"
-        fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(x.type, [x.type] * 2), name)
-        return self.b.call(fn, [x, y])
 
-    def _minmax(self, x, y, adt, is_max):
-        b = self.b
+def _div_floor(o, a, adt, at):
+    b, (x, y) = o.b, a
+    if adt in FLOATS:  # torch's div_floor_floating: Python's // (-4.5 // inf == -1, not -0)
+        zero, one = o.fconst(x, 0.0), o.fconst(x, 1.0)
+        q = b.fdiv(x, y)
+        m = b.frem(x, y)
+        div = b.fdiv(b.fsub(x, m), y)
+        fix = b.and_(b.fcmp_ordered("!=", m, zero), b.xor(b.fcmp_ordered("<", y, zero), b.fcmp_ordered("<", m, zero)))
+        div = b.select(fix, b.fsub(div, one), div)
+        fl = o.intr("floor", div)
+        fl = b.select(b.fcmp_ordered(">", b.fsub(div, fl), o.fconst(x, 0.5)), b.fadd(fl, one), fl)
+        out = b.select(b.fcmp_unordered("une", div, zero), fl, o.intr("copysign", zero, q))
+        return b.select(b.fcmp_ordered("==", y, zero), q, out)
+    if adt in UNSIGNED:
+        return b.udiv(x, o.safe_divisor(y))
+    q, r = o.sdivrem(x, y)
+    zero = ir.Constant(x.type, 0)
+    fix = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
+    return b.sub(q, b.zext(fix, x.type))
+
+
+def _fmod(o, a, adt, at):
+    x, y = a
+    if adt in FLOATS:
+        return o.b.frem(x, y)
+    if adt in UNSIGNED:
+        return o.b.urem(x, o.safe_divisor(y))
+    return o.sdivrem(x, y)[1]
+
+
+def _remainder(o, a, adt, at):
+    b, (x, y) = o.b, a
+    if adt in UNSIGNED:
+        return b.urem(x, o.safe_divisor(y))
+    if adt in FLOATS:
+        m = b.frem(x, y)
+        zero = o.fconst(x, 0.0)
+        fix = b.and_(b.fcmp_ordered("!=", m, zero), b.xor(b.fcmp_ordered("<", m, zero), b.fcmp_ordered("<", y, zero)))
+        return b.select(fix, b.fadd(m, y), m)
+    m = o.sdivrem(x, y)[1]
+    zero = ir.Constant(x.type, 0)
+    fix = b.and_(b.icmp_signed("!=", m, zero), b.xor(b.icmp_signed("<", m, zero), b.icmp_signed("<", y, zero)))
+    return b.select(fix, b.add(m, y), m)
+
+
+def _pow(o, a, adt, at):
+    b, (x, y) = o.b, a
+    if adt in FLOATS:
+        if x.type == F32:
+            o.math_calls += 1
+            return b.call(declare_math(o.module, "pow"), [x, y])
+        return o.intr("pow", x, y)
+    # integers: torch's powi, exact with wrapping multiplies (a double pow loses bits past 2**53):
+    # square-and-multiply over every exponent bit, unrolled into selects so the loop still vectorizes
+    t = x.type
+    one, zero = ir.Constant(t, 1), ir.Constant(t, 0)
+    result, base, e = one, x, y
+    for _ in range(t.width):
+        result = b.select(b.trunc(e, I1), b.mul(result, base), result)
+        base = b.mul(base, base)
+        e = b.lshr(e, one)
+    if adt in UNSIGNED:
+        return result
+    # a negative exponent: 1 ** -n == 1, (-1) ** -n == +-1, anything else 0
+    minus1 = ir.Constant(t, -1)
+    neg = b.select(b.icmp_signed("==", x, one), one,
+                   b.select(b.icmp_signed("==", x, minus1), b.select(b.trunc(y, I1), minus1, one), zero))
+    return b.select(b.icmp_signed("<", y, zero), neg, result)
+
+
+def _atan2(o, a, adt, at):
+    x = a[0]
+    name = "atan2f" if x.type == F32 else "atan2"
+    fn = o.module.globals.get(name) or ir.Function(o.module, ir.FunctionType(x.type, [x.type] * 2), name)
+    return o.b.call(fn, list(a))
+
+
+def _minmax(is_max):
+    def f(o, a, adt, at):
+        b, (x, y) = o.b, a
         if adt == "b8":
             return b.or_(x, y) if is_max else b.and_(x, y)
         if adt not in FLOATS:
             cmp = (b.icmp_unsigned if adt in UNSIGNED else b.icmp_signed)(">" if is_max else "<", x, y)
             return b.select(cmp, x, y)
-        m = self.intr("maxnum" if is_max else "minnum", x, y)
+        m = o.intr("maxnum" if is_max else "minnum", x, y)
         return b.select(b.fcmp_unordered("uno", x, y), b.fadd(x, y), m)  # NaN in either -> NaN
+    return f
 
-    def op_maximum(self, x, y, adt, **_):
-        return self._minmax(x, y, adt, True)
 
-    def op_minimum(self, x, y, adt, **_):
-        return self._minmax(x, y, adt, False)
+def _bitwise(iop):
+    return lambda o, a, adt, at: getattr(o.b, iop)(a[0], a[1])
 
-    def _bitwise(iop):
-        def f(self, x, y, adt, **_):
-            return getattr(self.b, iop)(x, y)
-        return f
 
-    op_bitwise_and = _bitwise("and_")
-    op_bitwise_or = _bitwise("or_")
-    op_bitwise_xor = _bitwise("xor")
+def _compare(sym):
+    def f(o, a, adt, at):
+        if adt in FLOATS:  # ordered but `!=`: NaN compares false, and unequal
+            return (o.b.fcmp_unordered if sym == "!=" else o.b.fcmp_ordered)(sym, a[0], a[1])
+        return (o.b.icmp_unsigned if adt in UNSIGNED else o.b.icmp_signed)(sym, a[0], a[1])
+    return f
 
-    def _compare(fop, sop, uop):
-        def f(self, x, y, adt, **_):
-            if adt in FLOATS:
-                return (self.b.fcmp_unordered if fop == "!=" else self.b.fcmp_ordered)(fop, x, y)
-            return (self.b.icmp_unsigned if adt in UNSIGNED else self.b.icmp_signed)(sop if adt not in UNSIGNED else uop, x, y)
-        return f
 
-    op_eq = _compare("==", "==", "==")
-    op_ne = _compare("!=", "!=", "!=")
-    op_lt = _compare("<", "<", "<")
-    op_le = _compare("<=", "<=", "<=")
-    op_gt = _compare(">", ">", ">")
-    op_ge = _compare(">=", ">=", ">=")
+def _logical(iop):
+    return lambda o, a, adt, at: getattr(o.b, iop)(o.truth(a[0], adt), o.truth(a[1], adt))
 
-    def _truth(self, x, adt):
-        return x if adt == "b8" else self.cast(x, adt, "b8")
 
-    def op_logical_and(self, x, y, adt, **_):
-        return self.b.and_(self._truth(x, adt), self._truth(y, adt))
+# ---- unary -------------------------------------------------------------------------------------------
 
-    def op_logical_or(self, x, y, adt, **_):
-        return self.b.or_(self._truth(x, adt), self._truth(y, adt))
-
-    def op_logical_xor(self, x, y, adt, **_):
-        return self.b.xor(self._truth(x, adt), self._truth(y, adt))
-
-    def op_logical_not(self, x, adt, **_):
-        return self.b.xor(self._truth(x, adt), I1(1))
-
-    def op_where(self, c, x, y, adt, **_):
-        return self.b.select(c, x, y)
-
-    def op_cast(self, x, adt, dtype, **_):
-        return self.cast(x, adt, dtype)
-
-    # unary
-    def op_neg(self, x, adt, **_):
-        return self.b.fneg(x) if adt in FLOATS else self.b.neg(x)
-
-    def op_abs(self, x, adt, **_):
-        if adt in FLOATS:
-            return self.intr("fabs", x)
-        if adt in UNSIGNED:
-            return x
-        return self.b.select(self.b.icmp_signed("<", x, ir.Constant(x.type, 0)), self.b.neg(x), x)
-
-    def op_sqrt(self, x, adt, **_):
-        return self.intr("sqrt", x)
-
-    def op_rsqrt(self, x, adt, **_):
-        return self.b.fdiv(self.fconst(x, 1.0), self.intr("sqrt", x))
-
-    def op_reciprocal(self, x, adt, **_):
-        return self.b.fdiv(self.fconst(x, 1.0), x)
-
-    def op_floor(self, x, adt, **_):
-        return self.intr("floor", x)
-
-    def op_ceil(self, x, adt, **_):
-        return self.intr("ceil", x)
-
-    def op_trunc(self, x, adt, **_):
-        return self.intr("trunc", x)
-
-    def op_round(self, x, adt, **_):
-        return self.intr("roundeven", x)
-
-    def op_frac(self, x, adt, **_):
-        return self.b.fsub(x, self.intr("trunc", x))
-
-    def op_sign(self, x, adt, **_):
-        b = self.b
-        if adt == "b8":
-            return x
-        if adt in FLOATS:  # (x > 0) - (x < 0), as torch computes it: sign(NaN) is 0
-            zero = self.fconst(x, 0.0)
-            pos = b.uitofp(b.fcmp_ordered(">", x, zero), x.type)
-            neg = b.uitofp(b.fcmp_ordered("<", x, zero), x.type)
-            return b.fsub(pos, neg)
-        zero = ir.Constant(x.type, 0)
-        if adt in UNSIGNED:
-            return b.zext(b.icmp_unsigned(">", x, zero), x.type)
-        return b.sub(b.zext(b.icmp_signed(">", x, zero), x.type), b.zext(b.icmp_signed("<", x, zero), x.type))
-
-    def op_copy(self, x, adt, **_):
+def _abs(o, a, adt, at):
+    x = a[0]
+    if adt in FLOATS:
+        return o.intr("fabs", x)
+    if adt in UNSIGNED:
         return x
+    return o.b.select(o.b.icmp_signed("<", x, ir.Constant(x.type, 0)), o.b.neg(x), x)
 
-    def op_relu(self, x, adt, **_):
-        b = self.b
-        if adt in FLOATS:
-            return b.select(b.fcmp_ordered("<", x, self.fconst(x, 0.0)), self.fconst(x, 0.0), x)
-        if adt in UNSIGNED:
-            return x
-        return b.select(b.icmp_signed("<", x, ir.Constant(x.type, 0)), ir.Constant(x.type, 0), x)
 
-    def op_silu(self, x, adt, **_):
-        return self.b.fmul(x, self.math("sigmoid", x))
+def _sign(o, a, adt, at):
+    b, x = o.b, a[0]
+    if adt == "b8":
+        return x
+    if adt in FLOATS:  # (x > 0) - (x < 0), as torch computes it: sign(NaN) is 0
+        zero = o.fconst(x, 0.0)
+        pos = b.uitofp(b.fcmp_ordered(">", x, zero), x.type)
+        neg = b.uitofp(b.fcmp_ordered("<", x, zero), x.type)
+        return b.fsub(pos, neg)
+    zero = ir.Constant(x.type, 0)
+    if adt in UNSIGNED:
+        return b.zext(b.icmp_unsigned(">", x, zero), x.type)
+    return b.sub(b.zext(b.icmp_signed(">", x, zero), x.type), b.zext(b.icmp_signed("<", x, zero), x.type))
 
-    def op_gelu(self, x, adt, approximate="none", **_):
-        b, c = self.b, lambda v: self.fconst(x, v)
-        if approximate == "tanh":
-            inner = b.fmul(c(math.sqrt(2 / math.pi)), b.fadd(x, b.fmul(c(0.044715), b.fmul(x, b.fmul(x, x)))))
-            return b.fmul(b.fmul(c(0.5), x), b.fadd(c(1.0), self.math("tanh", inner)))
-        return b.fmul(b.fmul(c(0.5), x), b.fadd(c(1.0), self.math("erf", b.fmul(x, c(math.sqrt(0.5))))))
 
-    def op_bitwise_not(self, x, adt, **_):
-        return self.b.xor(x, ir.Constant(x.type, -1 if adt != "b8" else 1))
+def _relu(o, a, adt, at):
+    b, x = o.b, a[0]
+    if adt in FLOATS:  # x where x >= 0 or NaN: relu(-0.0) is -0.0 and relu(NaN) NaN, as in torch
+        return b.select(b.fcmp_unordered(">=", x, o.fconst(x, 0.0)), x, o.fconst(x, 0.0))
+    if adt in UNSIGNED:
+        return x
+    return b.select(b.icmp_signed("<", x, ir.Constant(x.type, 0)), ir.Constant(x.type, 0), x)
 
-    def op_isnan(self, x, adt, **_):
-        return self.b.fcmp_unordered("uno", x, x) if adt in FLOATS else I1(0)
 
-    def op_isinf(self, x, adt, **_):
-        if adt not in FLOATS:
-            return I1(0)
-        return self.b.fcmp_ordered("==", self.intr("fabs", x), self.fconst(x, float("inf")))
+def _isinf(o, a, adt, at):
+    if adt not in FLOATS:
+        return I1(0)
+    return o.b.fcmp_ordered("==", o.intr("fabs", a[0]), o.fconst(a[0], float("inf")))
+
+
+def _intrinsic(name):
+    return lambda o, a, adt, at: o.intr(name, a[0])
+
+
+def _poly(name):
+    return lambda o, a, adt, at: o.math(name, a[0])
+
+
+def _libm(name):
+    return lambda o, a, adt, at: o.libm(name, a[0]) if a[0].type == F32 else o.math(name[:-1], a[0])
+
+
+LOWER = {
+    "load": _load,
+    "const": lambda o, a, adt, at: const(adt, at["value"]),
+    "index": lambda o, a, adt, at: o.cast(o.gen.index(at["expr"]), "i64", adt),
+    "acc": lambda o, a, adt, at: o.gen.accs[id(at["red"])],
+    "clamp_index": _clamp_index,
+    "add": _arith("fadd", "add"), "sub": _arith("fsub", "sub"), "mul": _arith("fmul", "mul"),
+    "div": _div, "div_trunc": _div_trunc, "div_floor": _div_floor, "fmod": _fmod, "remainder": _remainder,
+    "pow": _pow, "atan2": _atan2, "maximum": _minmax(True), "minimum": _minmax(False),
+    "bitwise_and": _bitwise("and_"), "bitwise_or": _bitwise("or_"), "bitwise_xor": _bitwise("xor"),
+    "eq": _compare("=="), "ne": _compare("!="), "lt": _compare("<"), "le": _compare("<="),
+    "gt": _compare(">"), "ge": _compare(">="),
+    "logical_and": _logical("and_"), "logical_or": _logical("or_"), "logical_xor": _logical("xor"),
+    "logical_not": lambda o, a, adt, at: o.b.xor(o.truth(a[0], adt), I1(1)),
+    "where": lambda o, a, adt, at: o.b.select(*a),
+    "cast": lambda o, a, adt, at: o.cast(a[0], adt, at["dtype"]),
+    "neg": lambda o, a, adt, at: o.b.fneg(a[0]) if adt in FLOATS else o.b.neg(a[0]),
+    "abs": _abs, "sign": _sign, "relu": _relu, "copy": lambda o, a, adt, at: a[0],
+    "sqrt": _intrinsic("sqrt"), "floor": _intrinsic("floor"), "ceil": _intrinsic("ceil"),
+    "trunc": _intrinsic("trunc"), "round": _intrinsic("roundeven"),
+    "rsqrt": lambda o, a, adt, at: o.b.fdiv(o.fconst(a[0], 1.0), o.intr("sqrt", a[0])),
+    "bitwise_not": lambda o, a, adt, at: o.b.xor(a[0], ir.Constant(a[0].type, -1 if adt != "b8" else 1)),
+    "isnan": lambda o, a, adt, at: o.b.fcmp_unordered("uno", a[0], a[0]) if adt in FLOATS else I1(0),
+    "isinf": _isinf,
+    **{n: _poly(n) for n in _POLY},
+    **{n: _libm(f) for n, f in _LIBM.items()},
+}
+
+
+def _fold(op):
+    """A reduction's step: (accumulator, value) -> the new accumulator by the recipe of its row's
+    combine op, unrounded (an f16 sum accumulates in f32); for argmax/argmin, (value, best so far)
+    -> whether the value is strictly better. Float sums reassociate and float max/min ignore NaN
+    (nnan), so that LLVM vectorizes them; llvm.py tracks NaN beside them."""
+    def f(o, a, adt, at):
+        if op in ("maximum", "minimum") and adt in FLOATS:
+            name = "llvm.maxnum" if op == "maximum" else "llvm.minnum"
+            fn = o.module.declare_intrinsic(name, [a[0].type], ir.FunctionType(a[0].type, [a[0].type] * 2))
+            return o.b.call(fn, list(a), fastmath=("nnan", "nsz"))
+        return LOWER[op](o, a, adt, {"flags": ("reassoc",)})
+    return f
+
+
+LOWER.update({n: _fold(r.combine) for n, r in SCALAR.items() if r.kind == "reduction"})
+
+SUPPORTED_OPS = backend_ops("cpu", LOWER, LEFT_TO_TORCH)

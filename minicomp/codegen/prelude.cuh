@@ -35,6 +35,27 @@ template <class T> MC_FN T mc_wrap_add(T a, T b) { return (T)((mc_u64)a + (mc_u6
 template <class T> MC_FN T mc_wrap_sub(T a, T b) { return (T)((mc_u64)a - (mc_u64)b); }
 template <class T> MC_FN T mc_wrap_mul(T a, T b) { return (T)((mc_u64)a * (mc_u64)b); }
 
+// torch's integer pow: exact square-and-multiply, wrapping (a double pow rounds past 2**53); a
+// negative exponent gives 1 ** -n == 1, (-1) ** -n == +-1 and 0 for anything else
+template <class T> MC_FN T mc_ipow(T x, T y) {
+  if (y < (T)0) return x == (T)1 ? (T)1 : (x == (T)-1 ? ((y & 1) ? (T)-1 : (T)1) : (T)0);
+  mc_u64 r = 1, b = (mc_u64)x, e = (mc_u64)y;
+  for (; e; e >>= 1, b *= b)
+    if (e & 1) r *= b;
+  return (T)r;
+}
+
+// float -> integer as torch on the CPU (x86) converts: truncation through a 32-bit int (i8, i16, i32)
+// or a 64-bit one (u8, i64), that int's minimum for NaN and anything out of range, then the low bits
+MC_FN int mc_f2i32(float x) { return (x >= -2147483648.0f && x < 2147483648.0f) ? (int)x : (-2147483647 - 1); }
+MC_FN int mc_f2i32(double x) { return (x > -2147483649.0 && x < 2147483648.0) ? (int)x : (-2147483647 - 1); }
+MC_FN long long mc_f2i64(float x) {
+  return (x >= -9223372036854775808.0f && x < 9223372036854775808.0f) ? (long long)x : (-9223372036854775807LL - 1);
+}
+MC_FN long long mc_f2i64(double x) {
+  return (x >= -9223372036854775808.0 && x < 9223372036854775808.0) ? (long long)x : (-9223372036854775807LL - 1);
+}
+
 // integer division by zero: torch raises (CPU) or returns garbage (GPU); dividing by 1 cannot trap
 template <class T> MC_FN T mc_safe(T y) { return y == 0 ? (T)1 : y; }
 

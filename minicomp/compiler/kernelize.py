@@ -15,10 +15,11 @@ import math
 from ..ir import OPS, Node
 from ..ir.index import Expr, Var, data, linear, unravel
 from ..ir.kernel import Buffer, Kernel, KExpr, Reduction, Store, walk
+from ..ir.scalar import COMPOSITES
+from ..ir.types import FLOATS
 
 
 INT_DIVISIONS = ("div_floor", "div_trunc", "remainder", "fmod")  # integer forms raise on a zero divisor
-FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
 
 
 def _where(node: Node) -> str:
@@ -160,10 +161,10 @@ class KernelBuilder:
                 lead = len(shape) - a.type.ndim
                 aidx = [idx[lead + k] if s != 1 else Expr(0) for k, s in enumerate(a.type.shape)]
                 args.append(self.value(a, aidx))
-            if node.op in COMPOSITES:
-                return COMPOSITES[node.op](self, node.type.dtype, *args, **node.attrs)
+            if node.op in COMPOSITES:  # built from the scalar table's primitives (ir/scalar.py)
+                return COMPOSITES[node.op][0](self.mk, node.type.dtype, *args, **node.attrs)
             attrs = dict(node.attrs)
-            if node.op in INT_DIVISIONS and node.args[1].type.dtype not in FLOAT_DTYPES:  # checked for 0
+            if node.op in INT_DIVISIONS and node.args[1].type.dtype not in FLOATS:  # checked for 0
                 attrs["where"] = _where(node)
                 if self.guard is not None:  # a cat part divides where it is not selected too
                     attrs["guard"] = self.guard
@@ -294,28 +295,6 @@ class KernelBuilder:
                 acc = self.mk("acc", (), r.dtype, red=r)
                 k.outer_stores.append(Store(self.buffer(node), linear(self.outer_idx(node.type.shape), node.type.shape), acc))
         return k
-
-
-def _gelu(b: KernelBuilder, dt: str, x: KExpr, approximate: str = "none") -> KExpr:
-    """0.5*x * (1 + erf(x*sqrt(1/2))), or its tanh form: built from primitives so the erf (or tanh) is
-    shared with the same expression elsewhere in the kernel -- a backward that recomputes gelu(h)
-    and computes gelu'(h) evaluates erf(h/sqrt 2) once -- and counted once in the kernel's flops."""
-    def c(v):
-        return b.mk("const", (), dt, value=v)
-    if approximate == "tanh":
-        cube = b.mk("mul", (x, b.mk("mul", (x, x), dt)), dt)
-        inner = b.mk("mul", (c(math.sqrt(2 / math.pi)), b.mk("add", (x, b.mk("mul", (c(0.044715), cube), dt)), dt)), dt)
-        return b.mk("mul", (b.mk("mul", (c(0.5), x), dt), b.mk("add", (c(1.0), b.mk("tanh", (inner,), dt)), dt)), dt)
-    cdf = b.mk("add", (b.mk("erf", (b.mk("mul", (x, c(math.sqrt(0.5))), dt),), dt), c(1.0)), dt)
-    return b.mk("mul", (b.mk("mul", (c(0.5), x), dt), cdf), dt)
-
-
-def _silu(b: KernelBuilder, dt: str, x: KExpr) -> KExpr:
-    """x * sigmoid(x): the sigmoid shared with silu's derivative in a backward kernel."""
-    return b.mk("mul", (x, b.mk("sigmoid", (x,), dt)), dt)
-
-
-COMPOSITES = {"gelu": _gelu, "silu": _silu}  # op-table ops a kernel computes as primitives
 
 
 def _reachable_accs(e: KExpr):

@@ -1,22 +1,21 @@
 """Run a Kernel with torch, all index points at once: the oracle for fusion and code generation.
 
-Loop variables become broadcastable index grids, loads become gathers at the evaluated index
-expression, pointwise ops run through the op table's torch references, a reduction reduces its
-value over the inner axes, and stores scatter into the output buffers. Slow and simple on purpose:
+Loop variables become broadcastable index grids; every expression, loads and reductions included,
+runs through its row's torch reference in the scalar op table (ir/scalar.py): a load gathers at
+the evaluated index expression, a reduction reduces its value over the inner axes. Stores scatter
+into the output buffers. Slow and simple on purpose:
 it checks that a kernel means what the graph meant, independently of any code generator.
 """
 from __future__ import annotations
 
 import torch
 
-from ..errors import KernelIndexError
-
 from .index import Expr, Var
 from .kernel import Kernel, KExpr
-from .ops import OPS
+from .scalar import SCALAR
 from .types import DTYPES
 
-_REDUCE = {"sum": torch.sum, "prod": torch.prod, "amax": torch.amax, "amin": torch.amin}
+_KEEPS_GUARD = ("load", "clamp_index")  # the kernel-level ops a cat part's guard applies to
 
 
 class _Eval:
@@ -45,54 +44,26 @@ class _Eval:
             total = total + v * c
         return total
 
+    # what the scalar table's references (ir/scalar.py) read from the evaluation
+    def buf(self, i: int):
+        return self.bufs[i]
+
+    def acc(self, red):
+        return self.accs[id(red)]
+
     def value(self, e: KExpr):
         hit = self.memo.get(id(e))
         if hit is not None:
             return hit
-        if e.op == "load":
-            idx = self.index(e.attrs["index"])
-            guard = e.attrs.get("guard")
-            if guard is not None:
-                idx = torch.where(self.value(guard), idx, torch.zeros_like(idx))
-            out = self.bufs[e.attrs["buf"]][idx]
-        elif e.op == "const":
-            out = torch.full([1] * self.ndim, e.attrs["value"], dtype=DTYPES[e.dtype], device=self.device)
-        elif e.op == "index":
-            out = self.index(e.attrs["expr"]).to(DTYPES[e.dtype])
-        elif e.op == "acc":
-            out = self.accs[id(e.attrs["red"])]
-        elif e.op == "clamp_index":
-            i = self.value(e.args[0]).to(torch.int64)
-            size = e.attrs["size"]
-            bad = (i < 0) | (i >= size)
-            if e.attrs.get("guard") is not None:  # a cat part read where it is not selected
-                bad = bad & self.value(e.attrs["guard"])
-            if bool(bad.any()):  # as eager, and as the CPU kernels report
-                raise KernelIndexError(f"minicomp: index out of range in {e.attrs['where']} (a dimension of size {size})")
-            out = i.clamp(0, size - 1)  # where a guard discards the read, it still stays in memory
-        else:
-            attrs = {k: v for k, v in e.attrs.items() if k != "guard"}
-            out = OPS[e.op].ref([self.value(a) for a in e.args], attrs, self.device)
+        out = SCALAR[e.op].ref([self.value(a) for a in e.args], e.attrs if e.op in _KEEPS_GUARD else
+                               {k: v for k, v in e.attrs.items() if k != "guard"}, self, e.dtype)
         self.memo[id(e)] = out
         return out
 
     def reduce(self, r) -> None:
-        n_outer = len(self.k.outer)
         full = [v.size for v in self.k.outer + self.k.inner]
         x = self.value(r.value).expand(full) if full else self.value(r.value)
-        dims = tuple(range(n_outer, self.ndim))
-        if r.op in ("argmax", "argmin"):
-            flat = x.reshape(*x.shape[:n_outer], -1)
-            out = (torch.argmax if r.op == "argmax" else torch.argmin)(flat, dim=-1)
-        elif not dims:
-            out = x
-        elif r.op == "prod":
-            out = x
-            for d in reversed(dims):
-                out = torch.prod(out, d)
-        else:
-            out = _REDUCE[r.op](x, dims)
-        self.accs[id(r)] = out.reshape(list(out.shape) + [1] * len(dims))
+        self.accs[id(r)] = SCALAR[r.op].ref([x], {"outer": len(self.k.outer)}, self, r.dtype)
 
     def store(self, st, level: str) -> None:
         full = [v.size for v in self.k.outer] + ([v.size for v in self.k.inner] if level == "inner" else [1] * len(self.k.inner))

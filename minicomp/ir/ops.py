@@ -1,12 +1,12 @@
 """The op table: one row per IR op. Printer, verifier, interpreter, cost model and code generators
-all read it; adding an op means adding a row here and a lowering in `compiler/frontend.py`.
+all read it; adding an op means adding a row here and a lowering in `compiler/frontend.py` (and, for a
+pointwise or reduction op a kernel computes, its row in ir/scalar.py and an entry in each backend's table).
 
 Each row gives
   category  pointwise | reduction | view | data | creation | matmul | extern | tuple
   infer     (arg types, attrs) -> result type; raises TypeError with the reason on bad operands
   ref       (arg tensors, attrs, device) -> tensor: the torch reference `interpret` runs
   flops     (result type, arg types, attrs) -> float operations, for the cost model
-  expr      for pointwise ops, a short name the code generators switch on (usually the op name)
 Pointwise ops are strict about dtypes (both operands of `add` have one dtype); the front end inserts
 `cast` nodes where torch's type promotion would, so the IR states every conversion it does.
 """

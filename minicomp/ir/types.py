@@ -17,6 +17,8 @@ DTYPES: dict[str, torch.dtype] = {
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 FLOATS = ("f64", "f32", "f16", "bf16")
 INTS = ("i64", "i32", "i16", "i8", "u8")
+UNSIGNED = ("u8", "b8")  # compared, divided and widened as unsigned numbers
+LOW_FLOATS = ("f16", "bf16")  # computed in f32 registers, rounded back whenever an op produces them
 
 
 def dtype_name(dt: torch.dtype) -> str:
