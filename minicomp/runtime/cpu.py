@@ -23,6 +23,7 @@ import llvmlite
 import llvmlite.binding as llvm
 import torch
 
+from .. import options
 from ..errors import KernelIndexError, KernelZeroDivisionError
 from . import cache
 
@@ -74,7 +75,7 @@ def openmp() -> bool:
     points are registered with LLVM's symbol resolution."""
     with _lock:
         if "openmp" not in _state:
-            _state["openmp"] = os.environ.get("MINICOMP_OPENMP", "1") != "0" and _find_openmp()
+            _state["openmp"] = options.openmp() and _find_openmp()
         return _state["openmp"]
 
 

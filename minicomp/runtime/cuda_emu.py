@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import threading
 
+from .. import options
 from ..errors import MinicompError
 from . import cache
 from .nvrtc import numbered
@@ -32,14 +33,10 @@ class EmuCompileError(MinicompError):
     pass
 
 
-def _cxx() -> str:
-    return os.environ.get("CXX", "g++")
-
-
 def _cxx_version() -> str:
     with _lock:
         if "version" not in _state:
-            out = subprocess.run([_cxx(), "--version"], capture_output=True, text=True, check=True)
+            out = subprocess.run([options.cxx(), "--version"], capture_output=True, text=True, check=True)
             _state["version"] = out.stdout.splitlines()[0]
         return _state["version"]
 
@@ -57,10 +54,10 @@ def _shared_library(source: str, headers: dict, mode: int = ctypes.RTLD_LOCAL) -
                 with open(os.path.join(d, name), "w") as f:
                     f.write(text)
             out = os.path.join(d, "module.so")
-            proc = subprocess.run([_cxx(), *FLAGS, "-I", d, "-o", out, "-"], input=source, text=True,
+            proc = subprocess.run([options.cxx(), *FLAGS, "-I", d, "-o", out, "-"], input=source, text=True,
                                   capture_output=True)
             if proc.returncode != 0:
-                raise EmuCompileError(f"cuda_emu: {_cxx()} could not compile the kernels:\n{proc.stderr}\n"
+                raise EmuCompileError(f"cuda_emu: {options.cxx()} could not compile the kernels:\n{proc.stderr}\n"
                                       f"source:\n{numbered(source)}")
             with open(out, "rb") as f:
                 data = f.read()
