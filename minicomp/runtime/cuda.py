@@ -121,9 +121,14 @@ class CudaLaunch:
         self.grid, self.block, self.shared = (grid, 1), (block, 1, 1), shared_bytes
         self.stream = module.device.stream
 
-    def __call__(self, env: list) -> None:
-        self.module.functions[self.name].prepared_async_call(
-            self.grid, self.block, self.stream, *[env[s].data_ptr() for s in self.slots], shared_size=self.shared)
+    def emit(self, k: int, v, ns: dict) -> list:
+        """The generated call's line for this launch (runtime/program.py)."""
+        ns[f"L{k}"] = self
+        return [f"L{k}.launch({''.join(f'{v(s)}.data_ptr(), ' for s in self.slots)})"]
+
+    def launch(self, *pointers) -> None:
+        self.module.functions[self.name].prepared_async_call(self.grid, self.block, self.stream, *pointers,
+                                                             shared_size=self.shared)
 
 
 class CudaRunner:

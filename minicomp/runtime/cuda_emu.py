@@ -124,9 +124,12 @@ class EmuLaunch:
         runtime takes one launch at a time; the arrays are filled before it is taken)."""
         return EmuLaunch(self.module, self.name, self.cfg[0], self.cfg[3], self.cfg[6], self.slots)
 
-    def __call__(self, env: list) -> None:
-        for i, s in enumerate(self.slots):
-            self.values[i] = env[s].data_ptr()
+    def emit(self, k: int, v, ns: dict) -> list:
+        """The generated call's lines for this launch (runtime/program.py): fill the arguments, launch."""
+        ns[f"L{k}"], ns[f"V{k}"] = self, self.values
+        return [f"V{k}[{i}] = {v(s)}.data_ptr()" for i, s in enumerate(self.slots)] + [f"L{k}.launch()"]
+
+    def launch(self) -> None:
         rc = self.fn(ctypes.addressof(self.cfg), ctypes.addressof(self.args))
         if rc == 3:
             raise RuntimeError(f"cuda_emu: kernel {self.name}: {_runtime().mc_emu_error().decode()}")
