@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from .graph import Graph, Node
 from .ops import Ref
 from .types import DTYPES, TensorType
+
+if TYPE_CHECKING:  # annotations only: graph.py imports this module to print a Graph
+    from .graph import Graph, Node
 
 
 def format_type(t) -> str:

@@ -152,7 +152,7 @@ class CudaRunner:
             with dev.active():
                 self.program = self.bind(where, dev, inputs)
             self.detail["load_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
-            self.run = GraphReplay(self.program, dev.torch_stream, self.detail) if self.graphs else self.program
+            self.run = GraphReplay(self.program, dev.torch_stream, self.detail, api=tc) if self.graphs else self.program
             self.device = dev  # last: a call on another thread takes a set device as a bound runner
 
     def __call__(self, *inputs):
