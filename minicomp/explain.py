@@ -153,7 +153,7 @@ def explain(model_or_fn, *inputs, backend: str = "auto", training: bool = False,
     weights) when `training`), and explain every step. `roofline`: a Roofline to judge against
     (default: this machine's, measured once and cached)."""
     from . import roofline as rl
-    from .compiler.backends import resolve_backend
+    from .backends import resolve_backend
     device = "cuda" if any(isinstance(x, torch.Tensor) and x.is_cuda for x in pytree.tree_leaves(inputs)) else "cpu"
     resolved = resolve_backend(backend, device)
     roof = roofline or rl.get(resolved)

@@ -1,4 +1,24 @@
-"""User options of `minicomp.compile`, resolved once (environment variables included)."""
+"""User options of `minicomp.compile`, resolved once, and every environment variable minicomp reads.
+
+Nothing else in the package reads the environment: the compiler's options are fields of Options
+(resolved by Options.make), and the settings of the runtime and the backends are the functions
+below, read at each use (tests and users set them in a running process).
+
+| variable | read by | meaning |
+|---|---|---|
+| `MINICOMP_DEBUG=1..4` | Options.debug_level | debug output by levels (1: summary, 2: IR after each pass, 3: kernels, 4: source) |
+| `MINICOMP_DUMP_DIR=folder` | Options.dump_dir | one numbered folder per graph, one numbered file per stage |
+| `MINICOMP_VERIFY=1` | Options.verify | verify the IR after every pass (on with any debug level) |
+| `MINICOMP_PROFILE=1` | Options.profile | time every step of every program |
+| `MINICOMP_CACHE_DIR=folder` | cache_dir() | the disk cache of compiled artifacts and lowered graphs |
+| `XDG_CACHE_HOME=folder` | cache_dir() | without MINICOMP_CACHE_DIR: the cache is its `minicomp/` |
+| `MINICOMP_CACHE_MAX_MB=n` | cache_max_bytes() | the disk cache's size limit (default 1024) |
+| `MINICOMP_GRAPH_CACHE=0` | graph_cache() | turn off the cache of lowered graphs |
+| `MINICOMP_OPENMP=0` | openmp() | split CPU kernels on minicomp's own thread pool, not torch's OpenMP threads |
+| `MINICOMP_SM_COUNT=n` | sm_count() | plan CUDA launches for n streaming multiprocessors, not the current GPU's |
+| `CXX` | cxx() | the host C++ compiler cuda_emu builds kernels with (default g++) |
+| `CUDA_HOME`, `CUDA_PATH` | cuda_home() | a CUDA toolkit whose headers NVRTC may use, after the installed wheels' |
+"""
 from __future__ import annotations
 
 import os
@@ -46,3 +66,49 @@ class Options:
         return Options(backend, level, dump_dir, remat, cuda_graphs, strict, max_programs, verify, recycle_outputs,
                        None if remat_budget is None else float(remat_budget),
                        os.environ.get("MINICOMP_PROFILE", "") == "1")
+
+
+DEFAULT_CACHE_MAX_MB = 1024
+
+
+def cache_dir() -> str:
+    """$MINICOMP_CACHE_DIR, else $XDG_CACHE_HOME/minicomp, else ~/.cache/minicomp."""
+    d = os.environ.get("MINICOMP_CACHE_DIR")
+    if not d:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        d = os.path.join(base, "minicomp")
+    return d
+
+
+def cache_max_bytes() -> int:
+    """The disk cache's limit: $MINICOMP_CACHE_MAX_MB megabytes (a value that is not a number: the default)."""
+    try:
+        return int(float(os.environ.get("MINICOMP_CACHE_MAX_MB", DEFAULT_CACHE_MAX_MB)) * (1 << 20))
+    except ValueError:
+        return DEFAULT_CACHE_MAX_MB << 20
+
+
+def graph_cache() -> bool:
+    """Whether lowered graphs are cached on disk (MINICOMP_GRAPH_CACHE=0 turns it off)."""
+    return os.environ.get("MINICOMP_GRAPH_CACHE", "1") != "0"
+
+
+def openmp() -> bool:
+    """Whether split CPU kernels may run on torch's OpenMP threads (MINICOMP_OPENMP=0: never)."""
+    return os.environ.get("MINICOMP_OPENMP", "1") != "0"
+
+
+def sm_count():
+    """$MINICOMP_SM_COUNT as an int, or None when unset."""
+    value = os.environ.get("MINICOMP_SM_COUNT")
+    return int(value) if value else None
+
+
+def cxx() -> str:
+    """The host C++ compiler: $CXX, else g++."""
+    return os.environ.get("CXX", "g++")
+
+
+def cuda_home():
+    """$CUDA_HOME, else $CUDA_PATH, else None."""
+    return os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or None

@@ -96,7 +96,7 @@ def built(cache_key, options: Options) -> Optional[Built]:
 
 def make_context(options: Options, name: str, backend: str, report: Optional[Report] = None) -> Context:
     """The context one graph compiles in: its dumps, its report, the backend's kernel ops."""
-    from .backends import kernel_ops
+    from ..backends import kernel_ops
     ctx = Context(options, Dumper(options, name), report if report is not None else Report(), name)
     ctx.kernel_ops, ctx.flops_per_byte = kernel_ops(backend)
     return ctx
@@ -109,7 +109,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     graph, in place of lowering and the passes;
     `cache_key`: where to store the lowered IR (and the Built graph) when AOTAutograd's wrapper
     turns out to be plain."""
-    from .backends import build, resolve_backend  # backends import codegen/runtime lazily
+    from ..backends import build, resolve_backend  # backends import codegen/runtime lazily
     if cached is None and _symbolic(example_inputs):  # minicomp.compile traces static; a recompile made a dimension dynamic
         msg = (f"{kind} graph with symbolic shapes (Dynamo made a dimension dynamic when a guard failed): "
                "it runs in torch")
@@ -194,7 +194,7 @@ def _partition_kernel_ops(options: Options):
     """The kernel ops the partitioner's fusion rules use: those of the backend the joint graph's
     inputs will run on (the `interpret` oracle partitions as `cpu` would, so it checks that cut)."""
     def kernel_ops_for(joint_inputs):
-        from .backends import kernel_ops, resolve_backend
+        from ..backends import kernel_ops, resolve_backend
         leaves = [x for x in joint_inputs if isinstance(x, torch.Tensor)] if isinstance(joint_inputs, (list, tuple)) else []
         flat = [y for x in joint_inputs for y in (x if isinstance(x, (list, tuple)) else [x])
                 if isinstance(y, torch.Tensor)] if not leaves else leaves

@@ -24,19 +24,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import pathlib
 
 import torch
 
+from .. import options
 from ..runtime import cache
 
 _PLAIN_MODULES = ("operator", "_operator", "math", "builtins")
 _META_KEYS = ("source", "fx", "reason")
 
-
-def enabled() -> bool:
-    return os.environ.get("MINICOMP_GRAPH_CACHE", "1") != "0"
+enabled = options.graph_cache  # MINICOMP_GRAPH_CACHE, read at each compile
 
 
 @functools.lru_cache(maxsize=1)

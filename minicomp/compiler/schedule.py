@@ -15,20 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..backends.layout import CONTIGUOUS_TORCH_OPS, meta_of
 from ..ir import OPS, Graph, Node
 from .kernelize import KernelBuilder, NotFusable, prefix_reshape
 
 TORCH_CATEGORIES = ("matmul", "extern", "tuple")
 VIEW_OPS = ("reshape", "permute", "expand", "slice")
-CONTIGUOUS_TORCH_OPS = ("mm", "bmm")  # torch ops whose result is always a new contiguous tensor
-
-
-def meta_of(node: Node):
-    """A meta tensor of node's type, contiguous: the stand-in for views' layout arithmetic."""
-    import torch
-
-    from ..ir import DTYPES
-    return torch.empty(node.type.shape, dtype=DTYPES[node.type.dtype], device="meta")
 
 
 @dataclass

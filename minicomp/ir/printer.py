@@ -11,12 +11,16 @@ body inline, in braces under it (ir/kernel.py). `parser.parse` reads this text b
 """
 from __future__ import annotations
 
-from .graph import Graph, Node
+from typing import TYPE_CHECKING
+
 from .kernel import kernel_body
 from .text import format_value
 from .types import TensorType
 
 __all__ = ["format_attrs", "format_node", "format_type", "format_value", "namer", "node_lines", "print_graph"]
+
+if TYPE_CHECKING:  # annotations only: graph.py imports this module to print a Graph
+    from .graph import Graph, Node
 
 
 def format_type(t) -> str:

@@ -18,25 +18,15 @@ import logging
 import os
 import tempfile
 
+from .. import options
+
 VERSION = "minicomp-cache-2"
-DEFAULT_MAX_MB = 1024
 _warned: list = []
 log = logging.getLogger("minicomp")
 
 
-def cache_dir() -> str:
-    d = os.environ.get("MINICOMP_CACHE_DIR")
-    if not d:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        d = os.path.join(base, "minicomp")
-    return d
-
-
-def max_bytes() -> int:
-    try:
-        return int(float(os.environ.get("MINICOMP_CACHE_MAX_MB", DEFAULT_MAX_MB)) * (1 << 20))
-    except ValueError:
-        return DEFAULT_MAX_MB << 20
+cache_dir = options.cache_dir   # read at each use: tests and users point it elsewhere in a running process
+max_bytes = options.cache_max_bytes
 
 
 def key(*parts: str) -> str:

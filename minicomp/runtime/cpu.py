@@ -23,6 +23,7 @@ import llvmlite
 import llvmlite.binding as llvm
 import torch
 
+from .. import options
 from ..errors import KernelIndexError, KernelZeroDivisionError
 from . import cache
 
@@ -74,7 +75,7 @@ def openmp() -> bool:
     points are registered with LLVM's symbol resolution."""
     with _lock:
         if "openmp" not in _state:
-            _state["openmp"] = os.environ.get("MINICOMP_OPENMP", "1") != "0" and _find_openmp()
+            _state["openmp"] = options.openmp() and _find_openmp()
         return _state["openmp"]
 
 
@@ -203,14 +204,8 @@ class KernelLaunch:
         mode = "chunks" if self.mode == "chunks" else "args"
         return KernelLaunch(self.fn_addr, self.slots, self.extent, self.name, mode, sites=self.sites)
 
-    def __call__(self, env: list) -> None:
-        ptrs = self.ptrs
-        for i, s in enumerate(self.slots):
-            ptrs[i] = env[s].data_ptr()
-        self.launch()
-
     def emit(self, k: int, v, ns: dict) -> list:
-        """Program._straight_line's lines for this launch: fill the pointers, call the kernel."""
+        """The generated call's lines for this launch (runtime/program.py): fill the pointers, call the kernel."""
         ns[f"P{k}"], ns[f"L{k}"], ns[f"R{k}"], ns["threads"] = self.ptrs, self, self.run or self.par, threads
         lines = [f"P{k}[{i}] = {v(s)}.data_ptr()" for i, s in enumerate(self.slots)]
         if self.failed is not None or self.chunks is not None:

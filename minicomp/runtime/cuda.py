@@ -121,9 +121,14 @@ class CudaLaunch:
         self.grid, self.block, self.shared = (grid, 1), (block, 1, 1), shared_bytes
         self.stream = module.device.stream
 
-    def __call__(self, env: list) -> None:
-        self.module.functions[self.name].prepared_async_call(
-            self.grid, self.block, self.stream, *[env[s].data_ptr() for s in self.slots], shared_size=self.shared)
+    def emit(self, k: int, v, ns: dict) -> list:
+        """The generated call's line for this launch (runtime/program.py)."""
+        ns[f"L{k}"] = self
+        return [f"L{k}.launch({''.join(f'{v(s)}.data_ptr(), ' for s in self.slots)})"]
+
+    def launch(self, *pointers) -> None:
+        self.module.functions[self.name].prepared_async_call(self.grid, self.block, self.stream, *pointers,
+                                                             shared_size=self.shared)
 
 
 class CudaRunner:
@@ -147,7 +152,7 @@ class CudaRunner:
             with dev.active():
                 self.program = self.bind(where, dev, inputs)
             self.detail["load_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
-            self.run = GraphReplay(self.program, dev.torch_stream, self.detail) if self.graphs else self.program
+            self.run = GraphReplay(self.program, dev.torch_stream, self.detail, api=tc) if self.graphs else self.program
             self.device = dev  # last: a call on another thread takes a set device as a bound runner
 
     def __call__(self, *inputs):

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import threading
 
+from .. import options
 from ..errors import MinicompError
 from . import cache
 from .nvrtc import numbered
@@ -32,14 +33,10 @@ class EmuCompileError(MinicompError):
     pass
 
 
-def _cxx() -> str:
-    return os.environ.get("CXX", "g++")
-
-
 def _cxx_version() -> str:
     with _lock:
         if "version" not in _state:
-            out = subprocess.run([_cxx(), "--version"], capture_output=True, text=True, check=True)
+            out = subprocess.run([options.cxx(), "--version"], capture_output=True, text=True, check=True)
             _state["version"] = out.stdout.splitlines()[0]
         return _state["version"]
 
@@ -57,10 +54,10 @@ def _shared_library(source: str, headers: dict, mode: int = ctypes.RTLD_LOCAL) -
                 with open(os.path.join(d, name), "w") as f:
                     f.write(text)
             out = os.path.join(d, "module.so")
-            proc = subprocess.run([_cxx(), *FLAGS, "-I", d, "-o", out, "-"], input=source, text=True,
+            proc = subprocess.run([options.cxx(), *FLAGS, "-I", d, "-o", out, "-"], input=source, text=True,
                                   capture_output=True)
             if proc.returncode != 0:
-                raise EmuCompileError(f"cuda_emu: {_cxx()} could not compile the kernels:\n{proc.stderr}\n"
+                raise EmuCompileError(f"cuda_emu: {options.cxx()} could not compile the kernels:\n{proc.stderr}\n"
                                       f"source:\n{numbered(source)}")
             with open(out, "rb") as f:
                 data = f.read()
@@ -127,9 +124,12 @@ class EmuLaunch:
         runtime takes one launch at a time; the arrays are filled before it is taken)."""
         return EmuLaunch(self.module, self.name, self.cfg[0], self.cfg[3], self.cfg[6], self.slots)
 
-    def __call__(self, env: list) -> None:
-        for i, s in enumerate(self.slots):
-            self.values[i] = env[s].data_ptr()
+    def emit(self, k: int, v, ns: dict) -> list:
+        """The generated call's lines for this launch (runtime/program.py): fill the arguments, launch."""
+        ns[f"L{k}"], ns[f"V{k}"] = self, self.values
+        return [f"V{k}[{i}] = {v(s)}.data_ptr()" for i, s in enumerate(self.slots)] + [f"L{k}.launch()"]
+
+    def launch(self) -> None:
         rc = self.fn(ctypes.addressof(self.cfg), ctypes.addressof(self.args))
         if rc == 3:
             raise RuntimeError(f"cuda_emu: kernel {self.name}: {_runtime().mc_emu_error().decode()}")

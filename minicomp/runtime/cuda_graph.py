@@ -51,8 +51,7 @@ class GraphReplay:
         self.lock = threading.Lock()
 
     def _capture(self, inputs) -> None:
-        from . import cuda
-        api = self.api or cuda.tc
+        api = self.api or torch.cuda
         self.keys = [_key(x, self.device_type) for x in inputs]
         self.buffers = {i: torch.empty_like(x) for i, x in enumerate(inputs) if self.copied[i]}
         args = [self.buffers.get(i, x) for i, x in enumerate(inputs)]

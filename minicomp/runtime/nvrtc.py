@@ -16,6 +16,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from .. import options
 from ..errors import MinicompError
 from . import cache
 
@@ -81,7 +82,7 @@ def candidate_dirs() -> list[str]:
             found += [os.path.dirname(p) for p in sorted(glob.glob(os.path.join(root, "*", "include", "cuda_fp16.h")))]
     except ImportError:
         pass
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    home = options.cuda_home()
     if home and os.path.exists(os.path.join(home, "include", "cuda_fp16.h")):
         found.append(os.path.join(home, "include"))
     return found

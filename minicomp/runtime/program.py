@@ -2,7 +2,10 @@
 
 env layout: [inputs..., constants..., one slot per step result]. Steps are prepared at compile time
 -- kernel launches (runtime/cpu.py, cuda.py, cuda_emu.py) and torch calls (externs, matmuls, views)
--- so a call does no Python work beyond filling pointer arrays and looping over the steps.
+-- and a call is one generated Python function, one line a step (Executor): no Python work beyond
+filling pointer arrays and calling. Profiling (options.profile) and a torch.profiler trace get the
+same function with a clock read around each step, or each step inside a record_function of its
+name: what is timed is exactly what runs unprofiled.
 Intermediates kernels write live in one arena (planned by compiler/passes/plan_memory.py); graph
 outputs are fresh tensors each call. On the CPU a big output's memory is recycled once the caller has
 dropped every reference to it (see Recycler): fresh pages from the OS cost a page fault and zeroing
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import torch
 
@@ -58,12 +62,6 @@ class TorchCall:
     def __init__(self, fn, args: list, out: int, contiguous: bool):
         self.fn, self.args, self.out, self.contiguous = fn, args, out, contiguous
 
-    def __call__(self, env: list) -> None:
-        r = self.fn(*[env[a] for a in self.args])
-        if self.contiguous and isinstance(r, torch.Tensor) and not r.is_contiguous():
-            r = r.contiguous()
-        env[self.out] = r
-
     def emit(self, k: int, v, ns: dict) -> list:
         ns[f"T{k}"] = self.fn
         lines = [f"{v(self.out)} = T{k}({', '.join(v(a) for a in self.args)})"]
@@ -75,14 +73,10 @@ class TorchCall:
 
 class AsStrided:
     """A chain of views of a tensor whose layout is known when compiling, as one view
-    (compiler/backends.py static_views); `offset` counts from the root's own storage offset."""
+    (backends/layout.py static_views); `offset` counts from the root's own storage offset."""
 
     def __init__(self, root: int, out: int, size, stride, offset: int):
         self.root, self.out, self.size, self.stride, self.offset = root, out, size, stride, offset
-
-    def __call__(self, env: list) -> None:
-        r = env[self.root]
-        env[self.out] = r.as_strided(self.size, self.stride, r.storage_offset() + self.offset)
 
     def emit(self, k: int, v, ns: dict) -> list:
         r = v(self.root)
@@ -99,14 +93,18 @@ class Program:
     calls run side by side instead of queueing on one lock. The first executor uses the kernels'
     fastest entry points (buffer tables global to the JIT module); one built for a second caller
     in flight gets private tables (KernelLaunch.private). Checking out and back is a list pop and
-    append: atomic under the GIL, a tenth of a microsecond."""
+    append: atomic under the GIL, a tenth of a microsecond.
+
+    Each step has `emit(k, v, ns)`: its lines of the generated call. `timers` (options.profile):
+    per step, None or a function given the seconds each call of the step took."""
 
     MAX_EXECUTORS = 16  # calls in flight at once; more wait for one to finish
 
     def __init__(self, n_inputs: int, constants: list, steps: list, buffers: list, outputs: list,
                  arena_bytes: int, n_slots: int, device="cpu", may_alias=(), recycle=True, contiguous_inputs=None,
-                 names=None):
+                 names=None, timers=None):
         self.n_inputs, self.steps, self.outputs = n_inputs, steps, outputs
+        self.timers = list(timers) if timers is not None else [None] * len(steps)
         # what each step is called in a torch.profiler trace ("minicomp forward_0 k3 (add+gelu)")
         self.names = list(names) if names is not None else [f"minicomp step {i}" for i in range(len(steps))]
         # inputs kernels read are made contiguous; the others go to torch ops as they come
@@ -173,7 +171,7 @@ class Program:
         ex = self._checkout()
         try:
             if _profiler_on():  # a torch.profiler trace shows each kernel and torch call by name
-                return ex.loop(*inputs, traced=True)
+                return ex.traced(*inputs)
             return ex.run(*inputs)
         finally:
             self._checkin(ex)
@@ -209,13 +207,24 @@ class Executor:
         self.arena = arena
         self.arena_range = (arena.data_ptr(), arena.data_ptr() + p.arena_bytes) if arena is not None else None
         self.template = template
-        self.run = self._straight_line() if all(hasattr(s, "emit") for s in self.steps) else self.loop
+        self.source = self.traced_source = ""  # the generated calls' text (tests compare them)
+        self.run = self._generate()
+        self._traced = None
 
-    def _straight_line(self):
-        """The call as generated Python, one line a step, every slot a local: what `loop` does, without
-        the list, the loops and the attribute lookups (a few microseconds on a small program)."""
+    def traced(self, *inputs):
+        """The call with each step inside a torch.profiler record_function of its name, so a trace
+        shows each kernel and torch call (generated at the first traced call)."""
+        if self._traced is None:
+            self._traced = self._generate(traced=True)
+        return self._traced(*inputs)
+
+    def _generate(self, traced: bool = False):
+        """The call as generated Python, one line a step, every slot a local: no list, no loop over
+        the steps, no attribute lookups (a few microseconds on a small program). A step with a timer
+        runs between two clock reads; `traced` puts each step inside its record_function."""
         p = self.program
-        ns: dict = {"Tensor": torch.Tensor}
+        ns: dict = {"Tensor": torch.Tensor, "clock": time.perf_counter,
+                    "record_function": torch.profiler.record_function}
 
         def v(slot: int) -> str:
             if self.template[slot] is not None and slot >= p.n_inputs:
@@ -227,8 +236,15 @@ class Executor:
         for slot, make in self.fresh:
             ns[f"M{slot}"] = make
             lines.append(f"    s{slot} = M{slot}()")
-        for k, step in enumerate(self.steps):
-            lines += ["    " + line for line in step.emit(k, v, ns)]
+        for k, (step, timer) in enumerate(zip(self.steps, p.timers)):
+            body = step.emit(k, v, ns)
+            if timer is not None:
+                ns[f"D{k}"] = timer
+                body = ["t = clock()", *body, f"D{k}(clock() - t)"]
+            if traced:
+                ns[f"N{k}"] = p.names[k]
+                body = [f"with record_function(N{k}):", *("    " + line for line in body)]
+            lines += ["    " + line for line in body]
         outs = ["None" if o is None else v(o) for o in p.outputs]
         if self.arena_range is not None:  # never hand out memory the next call overwrites
             lo, hi = self.arena_range
@@ -237,30 +253,10 @@ class Executor:
                 lines.append(f"    if {lo} <= o{i}.data_ptr() < {hi}: o{i} = o{i}.clone()")
                 outs[i] = f"o{i}"
         lines.append(f"    return [{', '.join(outs)}]")
-        exec(compile("\n".join(lines) + "\n", "<minicomp program>", "exec"), ns)
-        return ns["run"]
-
-    def loop(self, *inputs, traced=False):
-        p = self.program
-        env = list(self.template)
-        for i, x in enumerate(inputs):
-            env[i] = x
-        for i in p.contiguous_inputs:
-            if not env[i].is_contiguous():
-                env[i] = env[i].contiguous()
-        for slot, make in self.fresh:
-            env[slot] = make()
+        source = "\n".join(lines) + "\n"
         if traced:
-            for step, name in zip(self.steps, p.names):
-                with torch.profiler.record_function(name):
-                    step(env)
+            self.traced_source = source
         else:
-            for step in self.steps:
-                step(env)
-        outs = [None if o is None else env[o] for o in p.outputs]
-        if self.arena_range is not None:  # never hand out memory the next call overwrites
-            lo, hi = self.arena_range
-            for i in p.may_alias:
-                if lo <= outs[i].data_ptr() < hi:
-                    outs[i] = outs[i].clone()
-        return outs
+            self.source = source
+        exec(compile(source, "<minicomp program>", "exec"), ns)
+        return ns["run"]

@@ -20,7 +20,7 @@ ARCHS = ("sm_80", "sm_90")
 
 @contextlib.contextmanager
 def recording():
-    """Yields a list that fills with every kernel generate() is called with (backend_cuda looks the
+    """Yields a list that fills with every kernel generate() is called with (backends/cuda.py looks the
     function up on each build, so wrapping the module attribute catches every graph)."""
     seen: list = []
     original = cuda_codegen.generate
@@ -51,7 +51,7 @@ def distinct(kernels, prefix="k"):
 def compile_and_check(kernels, archs=ARCHS) -> dict:
     """{arch: {kernel name: cubin.Resources}} for kernels already distinctly named (distinct());
     raises NvrtcError if one does not compile, LaunchResourceError if one would not launch."""
-    from minicomp.compiler.backend_cuda import prelude_headers
+    from minicomp.backends.cuda import prelude_headers
     from minicomp.runtime import cubin, nvrtc
     source, launches = cuda_codegen.generate(kernels)
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import minicomp
 from minicomp.codegen.llvm import generate_module
 from minicomp.codegen.llvm_ops import SUPPORTED_OPS
-from minicomp.compiler.backends import build
+from minicomp.backends import build
 from minicomp.compiler.capture import Context, make_context
 from minicomp.compiler.pipeline import run_passes
 from minicomp.ir import DTYPES, OPS, Graph, Node, TensorType, dtype_name

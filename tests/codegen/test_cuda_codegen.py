@@ -18,7 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.func import functionalize
 
 from minicomp.codegen.cuda import generate
-from minicomp.compiler.backend_cuda import prelude_headers
+from minicomp.backends.cuda import prelude_headers
 from minicomp.compiler.capture import make_context
 from minicomp.compiler.frontend import lower
 from minicomp.compiler.pipeline import run_passes
@@ -235,7 +235,7 @@ def test_launch_sizes():
 
 
 def test_sm_count_follows_the_environment(monkeypatch):
-    from minicomp.compiler.backend_cuda import DEFAULT_SM_COUNT, sm_count
+    from minicomp.backends.cuda import DEFAULT_SM_COUNT, sm_count
     monkeypatch.delenv("MINICOMP_SM_COUNT", raising=False)
     if not torch.cuda.is_available():
         assert sm_count() == DEFAULT_SM_COUNT

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from minicomp.codegen import cuda as cuda_codegen
 from minicomp.codegen.cuda import generate
-from minicomp.compiler import backend_cuda
+from minicomp.backends import cuda_emu as cuda_emu_backend
 from minicomp.compiler.capture import compile_fx_graph
 from minicomp.compiler.frontend import lower
 from minicomp.options import Options
@@ -58,8 +58,8 @@ def _emu_matches_eager(fn, inputs, monkeypatch, max_block=1024, block=None):
         source, launches = generate(kernels, **kw, **({"block": block} if block else {}))
         seen.extend(launches)
         return source, launches
-    monkeypatch.setattr(cuda_codegen, "generate", recording)  # backend_cuda imports it per build
-    monkeypatch.setattr(backend_cuda, "EMU_MAX_BLOCK", max_block)
+    monkeypatch.setattr(cuda_codegen, "generate", recording)  # backends/cuda.py imports it per build
+    monkeypatch.setattr(cuda_emu_backend, "EMU_MAX_BLOCK", max_block)
     run = compile_fx_graph(trace(fn, inputs), inputs, Options.make("cuda_emu"), Report(), "inference")
     got = run([x.clone() for x in inputs])
     for g, w in zip(got, flat(fn)(*inputs), strict=True):

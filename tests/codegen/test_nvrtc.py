@@ -17,7 +17,7 @@ import torch
 nvrtc_bindings = pytest.importorskip("cuda.bindings.nvrtc", reason="needs the [cuda] extras (cuda-bindings)")
 
 from minicomp.codegen.cuda import generate  # noqa: E402
-from minicomp.compiler.backend_cuda import prelude_headers  # noqa: E402
+from minicomp.backends.cuda import prelude_headers  # noqa: E402
 from minicomp.errors import MinicompError  # noqa: E402
 from minicomp.runtime import cubin, nvrtc  # noqa: E402
 from tests.codegen import launch_check  # noqa: E402

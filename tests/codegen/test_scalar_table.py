@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from minicomp.codegen import cuda_ops, llvm_ops
-from minicomp.compiler.backends import build
+from minicomp.backends import build
 from minicomp.compiler.capture import make_context
 from minicomp.compiler.pipeline import run_passes
 from minicomp.ir import DTYPES, OPS, Graph, Node, TensorType, dtype_name, interpret

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minicomp.compiler import backends
+from minicomp import backends
 from minicomp.ir import ParseError, VerifyError, interpret, parse, prepare, round_trip, verify
 from minicomp.ir.index import Expr, Var
 from minicomp.ir.kernel import KExpr, Reduction

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minicomp.compiler.backends import build
+from minicomp.backends import build
 from minicomp.compiler.capture import make_context
 from minicomp.compiler.frontend import lower
 from minicomp.compiler.pipeline import run_passes
@@ -148,8 +148,8 @@ def test_a_buffer_on_another_device_is_refused_by_name(monkeypatch):
     with pytest.raises(MinicompError, match=r"input 1 \(\(\), torch.float32\) is on cpu, but the program runs on meta"):
         run(meta(x)[0], s)  # a CPU scalar tensor a kernel would read through a host pointer
 
-    from minicomp.compiler import backend_cuda
-    monkeypatch.setattr(backend_cuda, "on_device", lambda graph, device: graph)  # as before: constants not moved
+    from minicomp.backends import cuda as cuda_backend
+    monkeypatch.setattr(cuda_backend, "on_device", lambda graph, device: graph)  # as before: constants not moved
     run, _, _ = cuda_program(lambda a: [a * torch.tensor(2.0)], x)
     with pytest.raises(MinicompError, match=r"constant \S+ \(\(\), torch.float32\) is on cpu, but the program runs on meta"):
         run(*meta(x))

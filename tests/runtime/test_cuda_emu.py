@@ -12,9 +12,9 @@ import shutil
 import pytest
 import torch
 
+from minicomp.backends import build
+from minicomp.backends.cuda import prelude_headers
 from minicomp.codegen.cuda import generate
-from minicomp.compiler.backend_cuda import prelude_headers
-from minicomp.compiler.backends import build
 from minicomp.compiler.capture import compile_fx_graph, make_context
 from minicomp.ir import DTYPES, interpret, parse
 from minicomp.options import Options
@@ -29,6 +29,13 @@ if shutil.which(os.environ.get("CXX", "g++")) is None:
 
 TOLS = {"f16": (2e-3, 2e-3), "bf16": (1.6e-2, 1.6e-2), "f32": (1e-5, 1e-5), "f64": (1e-7, 1e-7)}
 SPECIAL = [float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 0.5, 1.0, -2.5, 65504.0, 1e-6]
+
+
+def _launch(launch, bufs) -> None:
+    """One emulated launch on `bufs` (its slots index them), as a program's generated call makes it."""
+    for i, slot in enumerate(launch.slots):
+        launch.values[i] = bufs[slot].data_ptr()
+    launch.launch()
 
 
 def emu_program(text):
@@ -180,7 +187,7 @@ def test_results_do_not_depend_on_the_launch_size():
     for grid, block in ((1, 32), (3, 96), (2, 1024)):
         bufs = [[t.clone() for t in ts] for ts in inputs]
         for k, ts in zip(kernels, bufs):
-            EmuLaunch(module, k.name, grid, block, 0, list(range(len(ts))))(ts)
+            _launch(EmuLaunch(module, k.name, grid, block, 0, list(range(len(ts)))), ts)
         results.append(bufs)
     for other in results[1:]:
         for ts_a, ts_b in zip(results[0], other):
@@ -263,9 +270,9 @@ def test_what_is_not_emulated_fails_to_compile_with_its_name():
 def test_refused_launches_raise(probe):
     bufs = [torch.zeros(4), torch.zeros(4, dtype=torch.float16), torch.zeros(4, dtype=torch.bfloat16)]
     with pytest.raises(RuntimeError, match="refused"):
-        EmuLaunch(probe, "exchange", 1, 32, 128, [0, 1, 2])(bufs)  # dynamic shared memory
+        _launch(EmuLaunch(probe, "exchange", 1, 32, 128, [0, 1, 2]), bufs)  # dynamic shared memory
     with pytest.raises(RuntimeError, match="refused"):
-        EmuLaunch(probe, "exchange", 1, 2048, 0, [0, 1, 2])(bufs)  # more threads than a block holds
+        _launch(EmuLaunch(probe, "exchange", 1, 2048, 0, [0, 1, 2]), bufs)  # more threads than a block holds
 
 
 def test_out_of_bounds_index_fails_the_launch():
@@ -274,4 +281,4 @@ def test_out_of_bounds_index_fails_the_launch():
     module = EmuModule(src, ["k"], prelude_headers())
     where = r"kernel k: index 32 outside \[0, 32\) in block \(0, 0, 0\), thread \(31, 0, 0\)"
     with pytest.raises(RuntimeError, match=where):
-        EmuLaunch(module, "k", 1, 32, 0, [0])([torch.zeros(32)])
+        _launch(EmuLaunch(module, "k", 1, 32, 0, [0]), [torch.zeros(32)])

@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from minicomp.compiler.backends import build
+from minicomp.backends import build
 from minicomp.compiler.capture import make_context
 from minicomp.compiler.frontend import lower
 from minicomp.compiler.pipeline import run_passes

@@ -3,7 +3,9 @@ the memory of one that anything still references (a tensor, a view, a storage, a
 from __future__ import annotations
 
 import copy
+import re
 
+import pytest
 import torch
 
 import minicomp
@@ -100,7 +102,7 @@ VIEWS = """graph v(%x: f32[6,8], %w: f32[8,4], %b: f32[1,4], %y: f32[3,2,5]) -> 
 
 
 def _program(text):
-    from minicomp.compiler.backends import build
+    from minicomp.backends import build
     from minicomp.compiler.capture import make_context
     from minicomp.compiler.pipeline import run_passes
     from minicomp.ir import parse
@@ -130,23 +132,59 @@ def test_view_chains_of_known_layouts_are_one_as_strided_each():
             torch.testing.assert_close(got, want)
 
 
-def test_cpu_programs_run_as_straight_line_code_and_profiling_times_each_kernel(monkeypatch):
-    """A CPU program's call is generated code (Program._straight_line); with MINICOMP_PROFILE=1 each
-    step is wrapped in a timer instead, the program takes the generic loop, and the report has the
-    mean time per kernel. Both give eager's results."""
+def _without_timers(source: str) -> str:
+    """A generated call with its profiling lines taken out: clock reads and what gets their seconds."""
+    return "".join(ln for ln in source.splitlines(keepends=True)
+                   if ln.strip() != "t = clock()" and not re.fullmatch(r"\s*D\d+\(clock\(\) - t\)\n?", ln))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_a_profiled_program_runs_the_same_steps_as_the_plain_one(monkeypatch, backend):
+    """A program's call is generated code, one line a step (Executor._generate). With
+    MINICOMP_PROFILE=1 it is the same code with a clock read before and after each kernel and torch
+    call, and nothing else: what is timed is what runs unprofiled. The report has every call's
+    seconds per step and the mean per kernel; both give eager's results."""
     def f(x, w):
         return torch.softmax(x @ w, -1).t().contiguous() + 1
     x, w = torch.randn(64, 32), torch.randn(32, 16)
-    compiled = minicomp.compile(f, backend="cpu")  # kept: a deleted callable releases its programs
+    compiled = minicomp.compile(f, backend=backend)  # kept: a deleted callable releases its programs
     plain = _program_of(compiled, x, w).primary()
     assert plain.run.__name__ == "run" and plain.run.__code__.co_filename == "<minicomp program>"
+    assert "clock" not in plain.source
     monkeypatch.setenv("MINICOMP_PROFILE", "1")
-    c = minicomp.compile(f, backend="cpu")
-    profiled = _program_of(c, x, w).primary()
-    assert profiled.run == profiled.loop
+    c = minicomp.compile(f, backend=backend)
+    program = _program_of(c, x, w)
+    profiled = program.primary()
+    assert profiled.run.__code__.co_filename == "<minicomp program>"
+    timed = sum(t is not None for t in program.timers)
+    assert timed == len(c.report().steps) >= 3 and profiled.source.count("clock()") == 2 * timed
+    assert _without_timers(profiled.source) == plain.source
     for _ in range(3):
         torch.testing.assert_close(c(x, w), f(x, w))
+    assert all(len(s.samples) == 4 for s in c.report().steps)  # the call in _program_of, and three
     assert c.report().kernels and all(k.time_s > 0 for k in c.report().kernels)
+
+
+def test_a_traced_call_runs_the_same_steps_inside_record_functions():
+    """Under torch.profiler a program takes the same generated steps, each inside a record_function
+    of its name, so a trace shows each kernel and torch call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def f(x, w):
+        return torch.softmax(x @ w, -1) + 1
+    x, w = torch.randn(64, 32), torch.randn(32, 16)
+    c = minicomp.compile(f, backend="cpu")
+    program = _program_of(c, x, w)
+    ex = program.primary()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.testing.assert_close(c(x, w), f(x, w))
+    names = [e.name for e in prof.events()]
+    assert [n for n in names if n.startswith("minicomp ")] == program.names and len(program.names) >= 2
+    lines = ex.traced_source.splitlines(keepends=True)
+    assert sum(re.fullmatch(r"    with record_function\(N\d+\):\n", ln) is not None for ln in lines) == len(program.names)
+    untraced = "".join(ln[4:] if ln.startswith("        ") else ln for ln in lines
+                       if not re.fullmatch(r"    with record_function\(N\d+\):\n", ln))
+    assert untraced == ex.source
 
 
 def _program_of(compiled, *inputs):

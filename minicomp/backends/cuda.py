@@ -1,10 +1,8 @@
-"""The CUDA backends' construction: fused graph -> CUDA C (codegen/cuda.py) -> a runtime Program.
+"""The `cuda` backend: fused graph -> CUDA C (codegen/cuda.py) -> NVRTC -> pycuda -> Program.
 
-`cuda` compiles the source with NVRTC for the device's exact architecture and launches it with pycuda
-(runtime/cuda.py), replayed as a CUDA Graph (runtime/cuda_graph.py). `cuda_emu` builds the exact same
-source, compiles it for the host with runtime/cuda_emu.h, and runs it on CPU tensors: kernel steps are
-emulated launches, torch steps and the arena are the ordinary Program's. Launches are capped to small grids and blocks (every CUDA thread is
-an OS thread); the kernels are grid-stride, so their results do not depend on the launch size.
+The source is compiled with NVRTC for the device's exact architecture and launched with pycuda
+(runtime/cuda.py), the whole program replayed as a CUDA Graph (runtime/cuda_graph.py). `cuda_emu`
+(cuda_emu.py) builds the same source through `generate` here, so the two run one text.
 """
 from __future__ import annotations
 
@@ -12,17 +10,26 @@ import copy
 import os
 import time
 
-EMU_MAX_GRID = 2
-EMU_MAX_BLOCK = 128
+from .. import options
+from .assemble import assemble, check_devices
+
+FLOPS_PER_BYTE = 40.0  # the machine balance the fusion cost model plans for
 DEFAULT_SM_COUNT = 132  # an H200, when there is no device to ask
+
+
+def kernel_ops():
+    """The ops the CUDA code generator has (cuda_emu's too)."""
+    from ..codegen.cuda_ops import SUPPORTED_OPS
+    return SUPPORTED_OPS
 
 
 def sm_count() -> int:
     """Streaming multiprocessors launch sizes are planned for: MINICOMP_SM_COUNT if set, else the
     current GPU's, else an H200's."""
     import torch
-    if os.environ.get("MINICOMP_SM_COUNT"):
-        return int(os.environ["MINICOMP_SM_COUNT"])
+    override = options.sm_count()
+    if override is not None:
+        return override
     if torch.cuda.is_available():
         return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return DEFAULT_SM_COUNT
@@ -35,32 +42,16 @@ def prelude_headers() -> dict:
         return {cuda.PRELUDE: f.read()}
 
 
-def _generate(graph, ctx, **caps):
+def generate(graph, ctx, **caps):
+    """(kernels, CUDA source, {kernel name: its launch}) of a fused graph; `caps` limit grids and blocks."""
     from ..codegen.collapse import collapse
-    from ..codegen.cuda import generate
+    from ..codegen.cuda import generate as generate_source
     from ..ir.kernel import format_kernel
     kernels = [n.meta["kernel"] for n in graph.nodes if n.op == "kernel"]
-    source, launches = generate(kernels, sm_count=sm_count(), **caps)
+    source, launches = generate_source(kernels, sm_count=sm_count(), **caps)
     ctx.dump.stage("kernels", lambda: "\n".join(format_kernel(collapse(k)) for k in kernels), level=3)
     ctx.dump.stage("cuda", source, level=4)
     return kernels, source, {launch.name: launch for launch in launches}
-
-
-def build_cuda_emu(graph, ctx):
-    from ..runtime.cuda_emu import EmuLaunch, EmuModule
-    from .backends import assemble
-
-    t0 = time.perf_counter()
-    kernels, source, launches = _generate(graph, ctx, max_grid=EMU_MAX_GRID, max_block=EMU_MAX_BLOCK)
-    module = EmuModule(source, [k.name for k in kernels], prelude_headers()) if kernels else None
-    codegen_s = time.perf_counter() - t0
-
-    def launch(k, slots):
-        lc = launches[k.name]
-        return EmuLaunch(module, k.name, lc.grid, lc.block, lc.shared_bytes, slots)
-    program, detail = assemble(graph, ctx, kernels, launch, module)
-    detail.update(strategies=[launches[k.name].strategy for k in kernels], codegen_ms=round(codegen_s * 1e3, 1))
-    return program, detail
 
 
 def on_device(graph, device):
@@ -74,7 +65,7 @@ def on_device(graph, device):
     return graph
 
 
-def build_cuda(graph, ctx):
+def build(graph, ctx):
     """NVRTC -> CUBIN -> pycuda, on the device of the program's inputs, not the current one: what
     depends on the device (the binary for its architecture and driver, the loaded module, constants
     moved there, the arena) is made at the first call, when the inputs say which device that is
@@ -82,10 +73,9 @@ def build_cuda(graph, ctx):
     program is replayed as a CUDA Graph unless cuda_graphs=False."""
     from ..runtime import cubin, nvrtc
     from ..runtime.cuda import CudaLaunch, CudaModule, CudaRunner
-    from .backends import assemble, check_devices
 
     t0 = time.perf_counter()
-    kernels, source, launches = _generate(graph, ctx)
+    kernels, source, launches = generate(graph, ctx)
     names = [k.name for k in kernels]
     detail = {"kernels": len(kernels), "arena_bytes": ctx.arena_bytes, "remat_bytes_saved": ctx.remat_bytes_saved,
               "strategies": [launches[n].strategy for n in names],

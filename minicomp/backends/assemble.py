@@ -1,0 +1,136 @@
+"""A fused graph's Program, the same for every backend that generates kernels.
+
+Each backend module (cpu.py, cuda.py, cuda_emu.py) generates and loads its kernels and hands
+`assemble` a `make_launch(kernel, slots)`; what is left is common: an env slot for every value, one
+step per kernel and per torch op, views of known layout folded into one as_strided (layout.py), the
+buffers kernels write, and with options.profile a timer per step (the seconds of every call, in the
+program's report) -- the Program runs the same steps either way.
+"""
+from __future__ import annotations
+
+from ..errors import MinicompError
+from ..ir import DTYPES, OPS, TensorType
+from ..ir.kernel import describe
+from ..ir.types import itemsize
+from ..report import KernelReport, StepReport
+from ..runtime.program import AsStrided, Program, TorchCall
+from .layout import free_layout_inputs, static_views
+
+
+def check_devices(graph_name: str, items, device, why: str = "the program reads it there") -> None:
+    """Refuse a tensor (name, tensor) that is not on the program's `device`, naming it: a kernel
+    given another device's pointer reads garbage or faults."""
+    import torch
+    want = torch.device(device)
+    for name, t in items:
+        d = t.device if isinstance(t, torch.Tensor) else None
+        if d is not None and (d.type != want.type or None not in (d.index, want.index) and d.index != want.index):
+            raise MinicompError(f"minicomp: {graph_name}: {name} ({tuple(t.shape)}, {t.dtype}) is on {d}, but the "
+                                f"program runs on {want} and {why}")
+
+
+def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
+    """A fused graph's Program, for any backend: env slots for every value, one step per torch op,
+    and `make_launch(kernel, slots)` for each kernel node (slots: its buffers' env slots in
+    Kernel.buffers order). Returns (program, report detail)."""
+    knodes = [n for n in graph.nodes if n.op == "kernel"]
+    slot = {n: i for i, n in enumerate(graph.inputs)}
+    constants = [n for n in graph.nodes if n.op == "constant"]
+    for n in constants + graph.nodes:
+        slot.setdefault(n, len(slot))
+    kernel_inputs = {a for kn in knodes for a in kn.args}  # torch results kernels read: made contiguous
+    results: dict = {}
+    for n in graph.nodes:
+        if n.op == "getitem" and n.args[0].op == "kernel":
+            results.setdefault(n.args[0], {})[n.attrs["index"]] = n
+    outputs = set(o for o in graph.outputs if o is not None)
+    launches, buffers, reports = {}, [], {}
+    for n, k in zip(knodes, kernels):
+        outs = results.get(n, {})
+        launches[n] = make_launch(k, [slot[n.args[j]] if kind == "arg" else slot[outs[j]] for kind, j in n.meta["io"]])
+        reports[n] = KernelReport(k.name, ctx.name, list(k.ops), k.bytes_read, k.bytes_written, k.flops,
+                                  label=describe(k))
+        for j, g in outs.items():
+            buffers.append((slot[g], g.type.shape, DTYPES[g.type.dtype],
+                            g.meta.get("arena_offset")))  # None: fresh each call (plan_memory)
+    free = free_layout_inputs(graph)
+    views = static_views(graph, kernel_inputs, free)
+    needed = outputs | {a for n in graph.nodes if n not in views for a in n.args}  # views only views read: skipped
+    steps, names, timers = [], [], []
+    profile = ctx.options.profile
+    for n in graph.nodes:
+        if n.op in ("constant", "input") or (n.op == "getitem" and n.args[0].op == "kernel"):
+            continue
+        if n in views:
+            if n in needed:
+                root, size, stride, offset = views[n]
+                steps.append(AsStrided(slot[root], slot[n], size, stride, offset))
+                names.append(f"minicomp {ctx.name} view")
+                timers.append(None)  # a view of a known layout: no time worth a clock read
+            continue
+        if n.op == "kernel":
+            steps.append(launches[n])
+            r = reports[n]
+            step = StepReport(r.name, ctx.name, "kernel", r.label, r.ops, r.bytes_read, r.bytes_written, r.flops)
+        else:
+            steps.append(TorchCall(_torch_fn(n, device), [slot[a] for a in n.args], slot[n], n in kernel_inputs))
+            step = _torch_step_report(n, ctx.name)
+        names.append(f"minicomp {ctx.name} {step.name} ({step.label})")
+        timers.append(_timer(step, reports.get(n)) if profile else None)
+        if profile:
+            ctx.report.steps.append(step)
+    # only a torch op's result can view the arena; kernel results and inputs never do
+    may_alias = [i for i, o in enumerate(graph.outputs) if o is not None and o.op not in ("input", "constant")
+                 and not (o.op == "getitem" and o.args[0].op == "kernel")]
+    values = [graph.constants[c.attrs["name"]] for c in constants]
+    check_devices(ctx.name, [(f"constant {c.attrs['name']}", t) for c, t in zip(constants, values)], device)
+    program = Program(len(graph.inputs), values, steps, buffers,
+                      [None if o is None else slot[o] for o in graph.outputs], ctx.arena_bytes, len(slot), device,
+                      may_alias, recycle=ctx.options.recycle_outputs,
+                      contiguous_inputs=[i for i, x in enumerate(graph.inputs) if x not in free], names=names,
+                      timers=timers)
+    program.keepalive = keepalive  # the kernels' machine code lives as long as the program
+    ctx.report.kernels.extend(reports.values())
+    detail = {"kernels": len(knodes), "torch_ops": len(steps) - len(knodes), "arena_bytes": ctx.arena_bytes,
+              "remat_bytes_saved": ctx.remat_bytes_saved}
+    return program, detail
+
+
+def _torch_fn(node, device):
+    ref, attrs = OPS[node.op].ref, node.attrs
+    if node.op == "getitem":
+        i = attrs["index"]
+        return lambda t: t[i]
+    return lambda *xs: ref(list(xs), attrs, device)
+
+
+def _torch_step_report(n, graph_name: str) -> StepReport:
+    """A torch call's bytes (its operands read once, its results written once) and flops (the op
+    table's count: 2*M*N*K for a matmul; unknown, 0, for an extern)."""
+    def nbytes(t):
+        if isinstance(t, TensorType):
+            return t.numel * itemsize(t.dtype)
+        return sum(nbytes(x) for x in t) if isinstance(t, tuple) else 0
+    name = n.attrs["target"] if n.op == "extern" else n.op
+    if OPS[n.op].category in ("view", "tuple"):  # a view moves nothing (a reshape torch must copy shows as time)
+        return StepReport(name, graph_name, "torch", "view", [n.op], 0, 0, 0)
+    try:
+        flops = int(OPS[n.op].flops(n.type, tuple(a.type for a in n.args), n.attrs)) if n.op != "extern" else 0
+    except Exception:  # a multi-result type the op's count does not take
+        flops = 0
+    label = {"matmul": "matmul", "extern": "torch call"}.get(OPS[n.op].category, OPS[n.op].category)
+    return StepReport(name, graph_name, "torch", label, [n.op], sum(nbytes(a.type) for a in n.args), nbytes(n.type),
+                      flops)
+
+
+def _timer(report: StepReport, kernel_report=None):
+    """options.profile: what the Program calls with the seconds of each call of a step; a kernel's
+    report keeps the running mean."""
+    samples = report.samples
+    if kernel_report is None:
+        return samples.append
+
+    def record(seconds: float) -> None:
+        samples.append(seconds)
+        kernel_report.time_s += (seconds - kernel_report.time_s) / len(samples)
+    return record

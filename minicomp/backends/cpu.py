@@ -1,0 +1,72 @@
+"""The `cpu` backend: fused graph -> LLVM IR (codegen/llvm.py) -> llvmlite JIT (runtime/cpu.py) -> Program.
+
+One LLVM module holds every kernel of a graph. How each kernel runs (one call over its whole
+outer range, chunks on torch's OpenMP team, or chunks on our pool) is decided here, when compiling,
+from its size and the machine's threads; the module's text depends on it, so the text a built
+graph keeps (ctx.artifacts) is keyed by what those decisions read.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+from .assemble import assemble
+
+FLOPS_PER_BYTE = 4.0  # the machine balance the fusion cost model plans for
+
+
+def kernel_ops():
+    """The ops the LLVM code generator has."""
+    from ..codegen.llvm_ops import SUPPORTED_OPS
+    return SUPPORTED_OPS
+
+
+def kernel_text(k) -> str:
+    """A kernel's dump, with the loop nests the CPU code generator splits it into (codegen/pieces.py)
+    or how it runs a reduction down columns."""
+    from ..codegen.columns import COLUMN_TILE, columns
+    from ..codegen.pieces import split
+    from ..ir.kernel import format_kernel
+    pieces = split(k)
+    if not pieces:
+        if columns(k):
+            return format_kernel(k) + (f"  runs down the columns: {k.outer[-1].name} in tiles of {COLUMN_TILE} "
+                                       "columns, an accumulator each, the reduction loops around the tile's loop\n")
+        return format_kernel(k)
+    head = f"  runs as {len(pieces)} loop nests, one per range of {k.outer[pieces[0].pos].name}:\n"
+    return format_kernel(k) + head + "".join(
+        f"  [{p.lo}, {p.hi}):\n" + "".join("  " + ln + "\n" for ln in format_kernel(p.kernel).splitlines()[4:])
+        for p in pieces)
+
+
+def build(graph, ctx):
+    from ..codegen.llvm import (BUFS_SUFFIX, PAR_SUFFIX, RUN_SUFFIX, check_sites, generate_module,
+                                outer_extent)
+    from ..runtime import cpu
+    from ..runtime.cpu import JitModule, KernelLaunch
+
+    def mode(k):  # of a collapsed kernel
+        return cpu.launch_mode(math.prod(v.size for v in k.outer + k.inner), outer_extent(k))
+
+    knodes = [n for n in graph.nodes if n.op == "kernel"]
+    t0 = time.perf_counter()
+    key = ("llvm", cpu.threads(), cpu.openmp(), cpu.PARALLEL_MIN_WORK)  # what launch modes depend on
+    if key not in ctx.artifacts:  # a Built graph (capture.py) carries its module from the first compile
+        # no graph name in the module: a stable cache key
+        ctx.artifacts[key] = generate_module([n.meta["kernel"] for n in knodes],
+                                             whole=lambda k: mode(k) == "whole", openmp=cpu.openmp())
+    text, kernels = ctx.artifacts[key]
+    ctx.dump.stage("kernels", lambda: "\n".join(kernel_text(k) for k in kernels), level=3)
+    ctx.dump.stage("llvm", text, level=4)
+    jit = JitModule(text) if knodes else None
+    codegen_s = time.perf_counter() - t0
+
+    def launch(k, slots):
+        m = mode(k)
+        entry = jit.address(k.name + (RUN_SUFFIX if m == "whole" else PAR_SUFFIX)) if m != "chunks" else None
+        bufs = jit.global_address(k.name + BUFS_SUFFIX) if m != "chunks" else None
+        sites = tuple(check_sites(k))
+        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), k.name, m, entry, bufs, sites)
+    program, detail = assemble(graph, ctx, kernels, launch, jit)
+    detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=round(codegen_s * 1e3, 1))
+    return program, detail

@@ -1,0 +1,74 @@
+"""What the layout of a value will be at run time, known when compiling.
+
+The IR carries no strides (ir/types.py): layout is the backends' decision. Program makes the inputs
+kernels read and the constants contiguous, kernels write contiguous buffers, and mm and bmm return
+new contiguous tensors. From those roots a chain of views is index arithmetic known now: computed
+once on meta tensors here, it runs as one `as_strided` instead of a dispatcher call per view. The
+scheduler (compiler/schedule.py) asks the same question to see which reshapes torch would copy.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import DTYPES, OPS, Node, TensorType
+
+CONTIGUOUS_TORCH_OPS = ("mm", "bmm")  # torch ops whose result is always a new contiguous tensor
+
+
+def meta_of(node: Node):
+    """A meta tensor of node's type, contiguous: the stand-in for views' layout arithmetic."""
+    return torch.empty(node.type.shape, dtype=DTYPES[node.type.dtype], device="meta")
+
+
+def free_layout_inputs(graph) -> set:
+    """Inputs no kernel reads, directly or through views: torch ops take them in the layout they come
+    in (a transposed weight AOTAutograd saved for the backward goes to mm as it is, not copied)."""
+    users = graph.users()
+    free = set()
+    for x in graph.inputs:
+        stack, ok = [x], True
+        while stack and ok:
+            for u in users.get(stack.pop(), ()):
+                if u.op == "kernel":
+                    ok = False
+                    break
+                if u.op in OPS and OPS[u.op].category == "view":
+                    stack.append(u)
+        if ok:
+            free.add(x)
+    return free
+
+
+def static_views(graph, kernel_inputs, free=frozenset()) -> dict:
+    """{view node: (root node, size, stride, offset)} for the views whose layout is known when compiling.
+
+    Roots have a known contiguous layout at run time: inputs and constants (Program makes them
+    contiguous; not the `free` inputs, whose views run in torch), kernel results, mm and bmm results,
+    and torch results that kernels read (made contiguous). A chain of views (reshape, permute,
+    expand, slice) from a root is then one `as_strided` of the root, computed here by running the
+    ops on meta tensors -- a gpt block has twenty of them between its matmuls, each a few
+    microseconds through the dispatcher. A reshape that must copy ends the chain (it stays a torch
+    op), and so does a view a kernel reads that is not contiguous."""
+    meta: dict = {}   # node -> (root node, meta tensor of the node, meta tensor of the root)
+    out = {}
+
+    def root(n):
+        t = meta_of(n)
+        meta[n] = (n, t, t)
+    for n in graph.inputs:
+        if n not in free:
+            root(n)
+    for n in graph.nodes:
+        if n.op == "constant" or (n.op == "getitem" and n.args[0].op == "kernel"):
+            root(n)
+        elif OPS[n.op].category == "view" and n.args and n.args[0] in meta:
+            r, base_meta, root_meta = meta[n.args[0]]
+            t = OPS[n.op].ref([base_meta], n.attrs, "meta")
+            if t._is_view() and t._base is root_meta and (n not in kernel_inputs or t.is_contiguous()):
+                meta[n] = (r, t, root_meta)
+                out[n] = (r, tuple(t.shape), t.stride(), t.storage_offset())
+            elif n in kernel_inputs or t.is_contiguous() and not t._is_view():  # made contiguous, or copied
+                root(n)
+        elif isinstance(n.type, TensorType) and (n in kernel_inputs or n.op in CONTIGUOUS_TORCH_OPS):
+            root(n)  # a torch result made contiguous, or a new matmul result (always contiguous)
+    return out
