@@ -59,7 +59,8 @@ def test_large_matmul_is_compute_bound(roof):
     mm, = _only(e, "torch")
     assert mm.label == "matmul" and mm.flops == 2 * 1024 ** 3
     mm, = [r for r in _within_roof(e, roof) if r.kind == "torch"]
-    assert mm.bound == "compute" and 0 < mm.roof_fraction <= 1.0, mm
+    # the flop count is exact (above); a roof at the FMA peak still moves a few percent with the clock
+    assert mm.bound == "compute" and 0 < mm.roof_fraction <= 1.05, mm
 
 
 def test_tiny_graph_is_overhead_bound(roof):
