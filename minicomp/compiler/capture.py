@@ -60,6 +60,7 @@ class Context:
     remat_bytes_saved: int = 0
     arena_bytes: int = 0
     artifacts: dict = field(default_factory=dict)  # the backend's generated code, kept with a Built graph
+    phases_ms: dict = field(default_factory=dict)  # where this graph's compile went (GraphReport.phases_ms)
 
 
 class Built(NamedTuple):
@@ -134,7 +135,9 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     else:
         if cached is None:
             ctx.dump.stage("fx", lambda: gm.print_readable(print_output=False), level=3)
+            t_lower = time.perf_counter()
             graph, _ = lower(gm, name, options.strict)
+            ctx.phases_ms["lower"] = _ms(time.perf_counter() - t_lower)
             fx_nodes = len(gm.graph.nodes)
             plain, hit = kind == "inference" and graph_cache.plain_wrapper(len(example_inputs)), None
             if cache_key is not None and plain:
@@ -163,9 +166,10 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
             _built.popitem(last=False)
     if hit is not None:
         detail = {"graph_cache": hit, **detail}
-    g = GraphReport(name, kind, backend, fx_nodes, len(graph.nodes), externs, time.perf_counter() - t0, detail)
+    g = GraphReport(name, kind, backend, fx_nodes, len(graph.nodes), externs, time.perf_counter() - t0, detail,
+                    ctx.phases_ms)
     report.graphs.append(g)
-    ctx.dump.summary(str(g))
+    ctx.dump.summary(f"{g}; phases: {g.phases()}")
     log.info("minicomp: %s", g)
 
     def boxed(args):
@@ -176,6 +180,10 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     boxed.run, boxed.plain = run, plain
     report.runs.append(run)
     return boxed
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 1)
 
 
 def _direct(run):
@@ -230,11 +238,15 @@ def make_backend(options: Options, report: Report):
                 return _direct(compile_fx_graph(gm, example_inputs, options, report, "inference",
                                                 cache_key=key, cached=cached).run)
         state.update(key=key, compiled=None)
+        first, t_aot = len(report.graphs), time.perf_counter()
         try:
             wrapped = aot(gm, example_inputs)
             ours = state["compiled"]
         finally:
             state.update(key=None, compiled=None)
+        ours_s = sum(g.compile_s for g in report.graphs[first:])
+        if len(report.graphs) > first:  # AOTAutograd's own tracing (and the partition) around our compiles
+            report.graphs[first].phases_ms["aot_autograd"] = _ms(time.perf_counter() - t_aot - ours_s)
         if (getattr(ours, "plain", False) and not torch._C._is_any_autocast_enabled()
                 and not list(gm.parameters()) and not list(gm.buffers())):
             return _direct(ours.run)  # the same flat inputs AOTAutograd would pass
