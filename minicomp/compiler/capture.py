@@ -10,6 +10,7 @@ has built before also skips the passes and code generation (`Built`, an in-memor
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import logging
 import time
@@ -109,7 +110,20 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     `cached`: (IR graph, fx node count) from the graph cache, in place of lowering `gm`, or a Built
     graph, in place of lowering and the passes;
     `cache_key`: where to store the lowered IR (and the Built graph) when AOTAutograd's wrapper
-    turns out to be plain."""
+    turns out to be plain.
+    Python's cycle collector is off meanwhile: a compile allocates many small objects, and each
+    full collection walks everything Dynamo and AOTAutograd keep alive (four GPT blocks' training
+    forward: most of its 270 ms of LLVM IR generation went to collections)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _compile(gm, example_inputs, options, report, kind, cache_key, cached)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _compile(gm, example_inputs, options: Options, report: Report, kind: str, cache_key, cached):
     from ..backends import build, resolve_backend  # backends import codegen/runtime lazily
     if cached is None and _symbolic(example_inputs):  # minicomp.compile traces static; a recompile made a dimension dynamic
         msg = (f"{kind} graph with symbolic shapes (Dynamo made a dimension dynamic when a guard failed): "
