@@ -40,8 +40,8 @@ def kernel_text(k) -> str:
 
 
 def build(graph, ctx):
-    from ..codegen.llvm import (BUFS_SUFFIX, PAR_SUFFIX, RUN_SUFFIX, check_sites, generate_module,
-                                outer_extent)
+    from ..codegen.llvm import (BODY_DEFINITION, BUFS_SUFFIX, PAR_SUFFIX, RUN_SUFFIX, check_sites,
+                                generate_module, outer_extent)
     from ..runtime import cpu
     from ..runtime.cpu import JitModule, KernelLaunch
 
@@ -50,15 +50,19 @@ def build(graph, ctx):
 
     knodes = [n for n in graph.nodes if n.op == "kernel"]
     t0 = time.perf_counter()
+    phases = ctx.phases_ms
     key = ("llvm", cpu.threads(), cpu.openmp(), cpu.PARALLEL_MIN_WORK)  # what launch modes depend on
     if key not in ctx.artifacts:  # a Built graph (capture.py) carries its module from the first compile
         # no graph name in the module: a stable cache key
         ctx.artifacts[key] = generate_module([n.meta["kernel"] for n in knodes],
                                              whole=lambda k: mode(k) == "whole", openmp=cpu.openmp())
+        phases["llvm_ir"] = _ms(time.perf_counter() - t0)
     text, kernels = ctx.artifacts[key]
     ctx.dump.stage("kernels", lambda: "\n".join(kernel_text(k) for k in kernels), level=3)
     ctx.dump.stage("llvm", text, level=4)
+    t1 = time.perf_counter()
     jit = JitModule(text) if knodes else None
+    phases["llvm_jit"] = _ms(time.perf_counter() - t1)  # O3 and machine code, or the disk cache's object code; loading
     codegen_s = time.perf_counter() - t0
 
     def launch(k, slots):
@@ -67,6 +71,13 @@ def build(graph, ctx):
         bufs = jit.global_address(k.name + BUFS_SUFFIX) if m != "chunks" else None
         sites = tuple(check_sites(k))
         return KernelLaunch(jit.address(k.name), slots, outer_extent(k), k.name, m, entry, bufs, sites)
+    t2 = time.perf_counter()
     program, detail = assemble(graph, ctx, kernels, launch, jit)
-    detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=round(codegen_s * 1e3, 1))
+    phases["assemble"] = _ms(time.perf_counter() - t2)
+    detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=_ms(codegen_s),
+                  llvm_bodies=len(BODY_DEFINITION.findall(text)))
     return program, detail
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 1)

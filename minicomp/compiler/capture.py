@@ -10,6 +10,7 @@ has built before also skips the passes and code generation (`Built`, an in-memor
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import logging
 import time
@@ -60,6 +61,7 @@ class Context:
     remat_bytes_saved: int = 0
     arena_bytes: int = 0
     artifacts: dict = field(default_factory=dict)  # the backend's generated code, kept with a Built graph
+    phases_ms: dict = field(default_factory=dict)  # where this graph's compile went (GraphReport.phases_ms)
 
 
 class Built(NamedTuple):
@@ -108,7 +110,20 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     `cached`: (IR graph, fx node count) from the graph cache, in place of lowering `gm`, or a Built
     graph, in place of lowering and the passes;
     `cache_key`: where to store the lowered IR (and the Built graph) when AOTAutograd's wrapper
-    turns out to be plain."""
+    turns out to be plain.
+    Python's cycle collector is off meanwhile: a compile allocates many small objects, and each
+    full collection walks everything Dynamo and AOTAutograd keep alive (four GPT blocks' training
+    forward: most of its 270 ms of LLVM IR generation went to collections)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _compile(gm, example_inputs, options, report, kind, cache_key, cached)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _compile(gm, example_inputs, options: Options, report: Report, kind: str, cache_key, cached):
     from ..backends import build, resolve_backend  # backends import codegen/runtime lazily
     if cached is None and _symbolic(example_inputs):  # minicomp.compile traces static; a recompile made a dimension dynamic
         msg = (f"{kind} graph with symbolic shapes (Dynamo made a dimension dynamic when a guard failed): "
@@ -134,7 +149,9 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     else:
         if cached is None:
             ctx.dump.stage("fx", lambda: gm.print_readable(print_output=False), level=3)
+            t_lower = time.perf_counter()
             graph, _ = lower(gm, name, options.strict)
+            ctx.phases_ms["lower"] = _ms(time.perf_counter() - t_lower)
             fx_nodes = len(gm.graph.nodes)
             plain, hit = kind == "inference" and graph_cache.plain_wrapper(len(example_inputs)), None
             if cache_key is not None and plain:
@@ -163,9 +180,10 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
             _built.popitem(last=False)
     if hit is not None:
         detail = {"graph_cache": hit, **detail}
-    g = GraphReport(name, kind, backend, fx_nodes, len(graph.nodes), externs, time.perf_counter() - t0, detail)
+    g = GraphReport(name, kind, backend, fx_nodes, len(graph.nodes), externs, time.perf_counter() - t0, detail,
+                    ctx.phases_ms)
     report.graphs.append(g)
-    ctx.dump.summary(str(g))
+    ctx.dump.summary(f"{g}; phases: {g.phases()}")
     log.info("minicomp: %s", g)
 
     def boxed(args):
@@ -176,6 +194,10 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     boxed.run, boxed.plain = run, plain
     report.runs.append(run)
     return boxed
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 1)
 
 
 def _direct(run):
@@ -230,11 +252,15 @@ def make_backend(options: Options, report: Report):
                 return _direct(compile_fx_graph(gm, example_inputs, options, report, "inference",
                                                 cache_key=key, cached=cached).run)
         state.update(key=key, compiled=None)
+        first, t_aot = len(report.graphs), time.perf_counter()
         try:
             wrapped = aot(gm, example_inputs)
             ours = state["compiled"]
         finally:
             state.update(key=None, compiled=None)
+        ours_s = sum(g.compile_s for g in report.graphs[first:])
+        if len(report.graphs) > first:  # AOTAutograd's own tracing (and the partition) around our compiles
+            report.graphs[first].phases_ms["aot_autograd"] = _ms(time.perf_counter() - t_aot - ours_s)
         if (getattr(ours, "plain", False) and not torch._C._is_any_autocast_enabled()
                 and not list(gm.parameters()) and not list(gm.buffers())):
             return _direct(ours.run)  # the same flat inputs AOTAutograd would pass

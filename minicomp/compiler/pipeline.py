@@ -7,6 +7,8 @@ stage, whose result is the fused graph) and plans the arena.
 """
 from __future__ import annotations
 
+import time
+
 from ..ir import Graph, round_trip, verify
 from .passes import cse, dce, fold_constants, fuse, plan_memory, simplify_views, split_reductions
 
@@ -29,10 +31,14 @@ def passes(ctx) -> list:
 
 
 def run_passes(graph: Graph, ctx) -> Graph:
-    """ctx: has .options (verify flag), .dump (a Dumper) and .kernel_ops; passes may read more from it."""
+    """ctx: has .options (verify flag), .dump (a Dumper) and .kernel_ops; passes may read more from it.
+    Each pass's milliseconds (verification included) go to ctx.phases_ms where ctx has one."""
+    times = getattr(ctx, "phases_ms", {})
     for name, fn in passes(ctx):
+        t0 = time.perf_counter()
         graph = fn(graph, ctx)
         if ctx.options.verify:
             round_trip(verify(graph))
         ctx.dump.stage(f"ir_after_{name}", graph.__str__)
+        times[name] = round((time.perf_counter() - t0) * 1e3, 1)
     return graph
