@@ -25,9 +25,7 @@ except ImportError:  # private: a torch without it gets the public call
     def _empty_strided_cpu(size, stride, dtype):
         return torch.empty_strided(size, stride, dtype=dtype)
 
-def _profiler_on() -> bool:
-    """Whether a torch.profiler (or autograd profiler) is recording on this thread's process."""
-    return torch.autograd.profiler._is_profiler_enabled
+from torch.autograd import profiler as _profiler  # ._is_profiler_enabled: whether a torch.profiler records
 
 
 RECYCLE_MIN_BYTES = 1 << 20  # smaller blocks come from malloc's free lists without page faults
@@ -129,6 +127,8 @@ class Program:
         return self._first[0] if self._first else None
 
     def _checkout(self) -> "Executor":
+        if self._released:
+            raise RuntimeError("minicomp: this program was released with the compiled callable that owned it")
         try:
             return self._first.pop()
         except IndexError:
@@ -153,6 +153,8 @@ class Program:
                 self._grow.wait()
 
     def _checkin(self, ex: "Executor") -> None:
+        if self._released:  # released during the call: no later call may find this executor
+            return
         (self._first if ex.is_primary else self._idle).append(ex)
         if self._count >= self.MAX_EXECUTORS:
             with self._grow:
@@ -166,11 +168,12 @@ class Program:
         self._idle.clear()
 
     def __call__(self, *inputs):
-        if self._released:
-            raise RuntimeError("minicomp: this program was released with the compiled callable that owned it")
-        ex = self._checkout()
+        try:  # the primary executor, idle: the common case, inline (a released program has none)
+            ex = self._first.pop()
+        except IndexError:
+            ex = self._checkout()
         try:
-            if _profiler_on():  # a torch.profiler trace shows each kernel and torch call by name
+            if _profiler._is_profiler_enabled:  # a torch.profiler trace shows each kernel and torch call by name
                 return ex.traced(*inputs)
             return ex.run(*inputs)
         finally:
@@ -218,6 +221,17 @@ class Executor:
             self._traced = self._generate(traced=True)
         return self._traced(*inputs)
 
+    def _plan(self, fixed):
+        """The one-call path's maker (runtime/cpu.py PlanRun) when this executor's steps can all
+        take it: kernels that run whole or on the OpenMP team without run-time checks, and views;
+        not with per-step timers, nor for a private executor (its launches take their own tables)."""
+        kernels = [s for s in self.steps if not isinstance(s, AsStrided)]
+        Plan = getattr(type(kernels[0]), "Plan", None) if kernels else None
+        if (Plan is None or not self.is_primary or any(t is not None for t in self.program.timers)
+                or len(kernels) < 2 or not all(Plan.plannable(s) for s in kernels)):  # one: its own call is cheaper
+            return None
+        return lambda dynamic, fixed: Plan(kernels, dynamic, fixed)
+
     def _generate(self, traced: bool = False):
         """The call as generated Python, one line a step, every slot a local: no list, no loop over
         the steps, no attribute lookups (a few microseconds on a small program). A step with a timer
@@ -236,7 +250,24 @@ class Executor:
         for slot, make in self.fresh:
             ns[f"M{slot}"] = make
             lines.append(f"    s{slot} = M{slot}()")
+        def fixed(slot: int):
+            return self.template[slot] if slot >= p.n_inputs else None
+        tables = [s.ptrs_addr for s in self.steps if hasattr(s, "prefill")]
+        if len(set(tables)) == len(tables):  # no two launches share a table: fixed pointers go in once
+            for step in self.steps:
+                if hasattr(step, "prefill"):
+                    step.prefill(fixed)
+        plan = None if traced or len(set(tables)) != len(tables) else self._plan(fixed)
+        if plan is not None:  # every step a kernel (or a view): one native call runs them all
+            dynamic = list(dict.fromkeys(s for step in self.steps if hasattr(step, "slots")
+                                         for s in step.slots if fixed(s) is None))
+            for k, step in enumerate(self.steps):
+                if isinstance(step, AsStrided):
+                    lines += ["    " + line for line in step.emit(k, v, ns)]
+            lines += ["    " + line for line in plan(dynamic, fixed).emit([v(s) for s in dynamic], ns)]
         for k, (step, timer) in enumerate(zip(self.steps, p.timers)):
+            if plan is not None:
+                break
             body = step.emit(k, v, ns)
             if timer is not None:
                 ns[f"D{k}"] = timer
