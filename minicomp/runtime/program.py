@@ -232,10 +232,29 @@ class Executor:
             return None
         return lambda dynamic, fixed: Plan(kernels, dynamic, fixed)
 
-    def _generate(self, traced: bool = False):
+    def phased(self):
+        """The call with a clock read between its phases (overhead.py): (run, totals, marks), where
+        totals[j] adds up the seconds spent in phase j (its name: the key of run.phases) over the
+        calls made, and marks[j] counts the clock reads phase j takes per call."""
+        totals: list = []
+        run = self._generate(phased=totals)
+        return run, totals, run.marks
+
+    @staticmethod
+    def mark_seconds(calls: int = 2000, n: int = 20) -> float:
+        """What one clock read of a phased call adds to the phase it closes (timed on marks alone)."""
+        ns = {"clock": time.perf_counter, "ACC": [0.0]}
+        body = ["    t0 = clock()"] + ["    t1 = clock(); ACC[0] += t1 - t0; t0 = t1"] * n
+        exec(compile("def marks():\n" + "\n".join(body) + "\n", "<minicomp marks>", "exec"), ns)
+        for _ in range(calls):
+            ns["marks"]()
+        return ns["ACC"][0] / (calls * n)
+
+    def _generate(self, traced: bool = False, phased: list | None = None):
         """The call as generated Python, one line a step, every slot a local: no list, no loop over
         the steps, no attribute lookups (a few microseconds on a small program). A step with a timer
-        runs between two clock reads; `traced` puts each step inside its record_function."""
+        runs between two clock reads; `traced` puts each step inside its record_function; `phased`
+        (a list, filled with one running total per phase) puts a clock read between phases."""
         p = self.program
         ns: dict = {"Tensor": torch.Tensor, "clock": time.perf_counter,
                     "record_function": torch.profiler.record_function}
@@ -245,13 +264,15 @@ class Executor:
                 ns[f"C{slot}"] = self.template[slot]  # a constant or an arena view: fixed
                 return f"C{slot}"
             return f"s{slot}"
-        lines = [f"def run({', '.join(f's{i}' for i in range(p.n_inputs))}):"]
-        lines += [f"    if not s{i}.is_contiguous(): s{i} = s{i}.contiguous()" for i in p.contiguous_inputs]
-        for slot, make in self.fresh:
-            ns[f"M{slot}"] = make
-            lines.append(f"    s{slot} = M{slot}()")
+
         def fixed(slot: int):
             return self.template[slot] if slot >= p.n_inputs else None
+        groups: list = []  # (phase, lines): what phased mode times apart
+        groups.append(("input checks", [f"if not s{i}.is_contiguous(): s{i} = s{i}.contiguous()"
+                                        for i in p.contiguous_inputs]))
+        for slot, make in self.fresh:
+            ns[f"M{slot}"] = make
+        groups.append(("output allocation", [f"s{slot} = M{slot}()" for slot, _ in self.fresh]))
         tables = [s.ptrs_addr for s in self.steps if hasattr(s, "prefill")]
         if len(set(tables)) == len(tables):  # no two launches share a table: fixed pointers go in once
             for step in self.steps:
@@ -263,8 +284,9 @@ class Executor:
                                          for s in step.slots if fixed(s) is None))
             for k, step in enumerate(self.steps):
                 if isinstance(step, AsStrided):
-                    lines += ["    " + line for line in step.emit(k, v, ns)]
-            lines += ["    " + line for line in plan(dynamic, fixed).emit([v(s) for s in dynamic], ns)]
+                    groups.append(("views", step.emit(k, v, ns)))
+            body = plan(dynamic, fixed).emit([v(s) for s in dynamic], ns)
+            groups += [("pointer binding", body[:-1]), ("kernels", body[-1:])]
         for k, (step, timer) in enumerate(zip(self.steps, p.timers)):
             if plan is not None:
                 break
@@ -275,19 +297,41 @@ class Executor:
             if traced:
                 ns[f"N{k}"] = p.names[k]
                 body = [f"with record_function(N{k}):", *("    " + line for line in body)]
-            lines += ["    " + line for line in body]
+            if phased is not None and hasattr(step, "slots"):  # a launch: its pointer lines, then its call
+                groups += [("pointer binding", body[:-1]), ("kernels", body[-1:])]
+            else:
+                groups.append(("views" if isinstance(step, AsStrided) else "kernels" if hasattr(step, "slots")
+                               else "torch calls", body))
         outs = ["None" if o is None else v(o) for o in p.outputs]
+        tail = []
         if self.arena_range is not None:  # never hand out memory the next call overwrites
             lo, hi = self.arena_range
             for i in p.may_alias:
-                lines.append(f"    o{i} = {outs[i]}")
-                lines.append(f"    if {lo} <= o{i}.data_ptr() < {hi}: o{i} = o{i}.clone()")
+                tail.append(f"o{i} = {outs[i]}")
+                tail.append(f"if {lo} <= o{i}.data_ptr() < {hi}: o{i} = o{i}.clone()")
                 outs[i] = f"o{i}"
+        groups.append(("output checks", tail))
+        lines = [f"def run({', '.join(f's{i}' for i in range(p.n_inputs))}):"]
+        phases: dict = {}
+        marks: list = []
+        if phased is not None:
+            lines.append("    t0 = clock()")
+        for phase, body in groups:
+            lines += ["    " + line for line in body]
+            if phased is not None and body:
+                j = phases.setdefault(phase, len(phases))
+                marks += [0] * (len(phases) - len(marks))
+                marks[j] += 1
+                lines.append(f"    t1 = clock(); ACC[{j}] += t1 - t0; t0 = t1")
         lines.append(f"    return [{', '.join(outs)}]")
         source = "\n".join(lines) + "\n"
-        if traced:
+        if phased is not None:
+            phased[:] = [0.0] * len(phases)
+            ns["ACC"] = phased
+        elif traced:
             self.traced_source = source
         else:
             self.source = source
         exec(compile(source, "<minicomp program>", "exec"), ns)
+        ns["run"].phases, ns["run"].marks = phases, marks  # phased: name -> index in the totals, clock reads
         return ns["run"]
