@@ -3,9 +3,13 @@
 env layout: [inputs..., constants..., one slot per step result]. Steps are prepared at compile time
 -- kernel launches (runtime/cpu.py, cuda.py, cuda_emu.py) and torch calls (externs, matmuls, views)
 -- and a call is one generated Python function, one line a step (Executor): no Python work beyond
-filling pointer arrays and calling. Profiling (options.profile) and a torch.profiler trace get the
+filling pointer arrays and calling. Pointers that never change (arena views, constants) go into the
+kernels' tables once, when the call is generated; a program whose steps are all plain CPU kernels
+fills one pointer array and runs every kernel in one native call (runtime/cpu.py PlanRun, the CPU's
+counterpart of a CUDA Graph replay). Profiling (options.profile) and a torch.profiler trace get the
 same function with a clock read around each step, or each step inside a record_function of its
-name: what is timed is exactly what runs unprofiled.
+name (such a program's one native call taken apart into its kernels' calls): what is timed is what
+runs unprofiled. overhead.py times the call's phases the same way (Executor.phased).
 Intermediates kernels write live in one arena (planned by compiler/passes/plan_memory.py); graph
 outputs are fresh tensors each call. On the CPU a big output's memory is recycled once the caller has
 dropped every reference to it (see Recycler): fresh pages from the OS cost a page fault and zeroing

@@ -81,3 +81,21 @@ def test_the_breakdown_measures_every_layer_and_leaves_the_call_as_it_was():
         x = torch.randn(16)
         torch.testing.assert_close(c(x), case.fn(x))
         assert c.report().runs[0].primary().run.__name__ == "run"
+
+
+def test_profiled_and_traced_calls_take_the_one_native_call_apart(monkeypatch):
+    """Per-step timers and a torch.profiler trace see each kernel: such calls run step by step."""
+    from torch.profiler import ProfilerActivity, profile
+    x = torch.randn(32, 16)
+    c = minicomp.compile(_kernels100, backend="cpu")
+    program = _program_of(c, x)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.testing.assert_close(c(x), _kernels100(x))
+    names = [e.name for e in prof.events() if e.name.startswith("minicomp ")]
+    assert names == program.names and len(names) >= 6
+    assert "PLAN_RUN(" not in program.primary().traced_source
+    monkeypatch.setenv("MINICOMP_PROFILE", "1")
+    p = minicomp.compile(_kernels100, backend="cpu")
+    profiled = _program_of(p, x)
+    assert "PLAN_RUN(" not in profiled.primary().source and all(t is not None for t in profiled.timers)
+    torch.testing.assert_close(p(x), _kernels100(x))
