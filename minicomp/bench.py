@@ -36,11 +36,13 @@ import torch.utils._pytree as pytree
 
 import minicomp
 from minicomp.options import BACKENDS
+from minicomp.overhead import breakdown, format_breakdown
 
 from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, TRAIN_CASES, make_case
 from minicomp.bench_train import format_train_table, run_train
 from minicomp.timing import grid, machine, peak_bytes, set_threads, time_interleaved
 
+OVERHEAD_BOUND_S = 200e-6  # a call below this is mostly host overhead: its breakdown goes in the output
 TOLERANCE = 1e-4  # max abs error allowed, relative to max(1, max |eager output|)
 AGAIN_SAMPLES = 3  # warm recompiles timed per compiler (the median is shown)
 
@@ -135,6 +137,8 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
     if inductor is not None:
         fns["inductor"] = lambda: inductor(*inputs)
     t = time_interleaved(fns, reps, sync=torch.cuda.synchronize if device != "cpu" else lambda: None)
+    # where an overhead-bound call's host time goes, layer by layer (overhead.py), measured after the table's samples
+    overhead = breakdown(compiled, inputs, reps) if device == "cpu" and t["minicomp"] < OVERHEAD_BOUND_S else None
 
     # peak memory of one call beyond what was held before it; minicomp's arena is held between calls,
     # so it counts against us (the fresh-output program: a recycled output is memory never allocated)
@@ -156,7 +160,7 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
         "compile_s": compile_s, "recompile_s": recompile_s, "own_s": own_s, "dynamo_s": dynamo_s,
         "inductor_compile_s": inductor_compile_s, "inductor_again_s": inductor_again_s,
         "eager_peak_kib": eager_peak / 1024, "mc_peak_kib": mc_peak / 1024,
-        "max_abs_err": err, "ok": ok, "notes": notes,
+        "max_abs_err": err, "ok": ok, "notes": notes, "overhead_us": overhead,
     }
 
 
@@ -217,6 +221,13 @@ def format_table(rows: list) -> str:
                    f"Inductor do (the timed loops drop each result, so minicomp's default reuses its memory); "
                    f"peak KiB = the most one call holds beyond what was allocated before it (torch.profiler's "
                    f"allocation record), minicomp's with fresh outputs and its arena added")
+    bound = [r for r in rows if r.get("overhead_us")]
+    if bound:
+        out.append("per-call host time, us by layer (minicomp.overhead; measured layer by layer, so `other` is "
+                   "the noise between separate samples):")
+        out += ["  " + format_breakdown(r["case"], r["overhead_us"])
+                + (f"  [torch.compile {r['inductor_ms'] * 1e3:.1f} us]" if r["inductor_ms"] is not None else "")
+                for r in bound]
     out += [f"{r['case']}: {n}" for r in rows for n in r["notes"]]
     wrong = [r["case"] for r in rows if not r["ok"]]
     if wrong:

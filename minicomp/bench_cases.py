@@ -3,7 +3,8 @@
 Each case is a function of tensors plus the inputs to call it with. The set covers the three
 costs: `cos_cos`, `chain10`, `softmax`, `layernorm_gelu` and `rmsnorm_residual` are bound by
 memory bandwidth (fusion decides how many bytes move); `tiny_chain50` is pure overhead (16
-elements, 50 ops: launch and Python costs are everything); `gpt_block` mixes matrix multiplies
+elements, 50 ops: launch and Python costs are everything), and `chain50_26in` the same over 26
+inputs (what binding many arguments costs); `gpt_block` mixes matrix multiplies
 (compute, done by BLAS) with the rest; `kernels100` (not in the default table) is 100 kernels that
 cannot fuse, for measuring per-launch cost and CUDA Graph replay. `quick` shrinks the big ones so the whole table runs fast.
 """
@@ -47,6 +48,14 @@ def _tiny_chain50(x):
     y = x
     for _ in range(10):  # 5 ops a round: 50 pointwise ops
         y = torch.abs(torch.sin(y * 0.9 + 0.1) - x)
+    return y
+
+
+def _chain50_26in(*xs):
+    y = xs[0]
+    for i in range(50):  # 50 pointwise ops, each mixing in one of the 26 inputs in turn
+        x = xs[(i + 1) % len(xs)]
+        y = torch.sin(y) * x if i % 3 == 0 else y + x if i % 3 == 1 else torch.abs(y - x) * 0.9
     return y
 
 
@@ -95,6 +104,8 @@ def _make(name: str, quick: bool) -> Case:
                     f"{rows}x1024")
     if name == "tiny_chain50":
         return Case(name, _tiny_chain50, (_randn(16),), "16")
+    if name == "chain50_26in":
+        return Case(name, _chain50_26in, tuple(_randn(16) for _ in range(26)), "26 x 16")
     if name == "gpt_block":
         return _gpt_block()
     if name == "kernels100":
@@ -118,7 +129,8 @@ def _make_train(name: str, quick: bool) -> Case:
     raise ValueError(f"unknown training case {name!r}; choose from {', '.join(TRAIN_CASES)}")
 
 
-CASE_NAMES = ("cos_cos", "chain10", "layernorm_gelu", "softmax", "rmsnorm_residual", "tiny_chain50", "gpt_block")
+CASE_NAMES = ("cos_cos", "chain10", "layernorm_gelu", "softmax", "rmsnorm_residual", "tiny_chain50", "chain50_26in",
+              "gpt_block")
 EXTRA_CASES = ("kernels100",)  # launch overhead: the GPU check's CUDA Graph measurement
 
 

@@ -8,8 +8,11 @@ program's report) -- the Program runs the same steps either way.
 """
 from __future__ import annotations
 
+import torch
+
 from ..errors import MinicompError
 from ..ir import DTYPES, OPS, TensorType
+from ..ir.ops import Ref, resolve_target
 from ..ir.kernel import describe
 from ..ir.types import itemsize
 from ..report import KernelReport, StepReport
@@ -20,7 +23,6 @@ from .layout import free_layout_inputs, static_views
 def check_devices(graph_name: str, items, device, why: str = "the program reads it there") -> None:
     """Refuse a tensor (name, tensor) that is not on the program's `device`, naming it: a kernel
     given another device's pointer reads garbage or faults."""
-    import torch
     want = torch.device(device)
     for name, t in items:
         d = t.device if isinstance(t, torch.Tensor) else None
@@ -96,12 +98,46 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
     return program, detail
 
 
+_DIRECT = {"mm": torch.mm, "bmm": torch.bmm}  # ops whose reference is just this torch function of the operands
+
+
 def _torch_fn(node, device):
+    """The callable a torch step makes: the op table's reference, with what it would work out at
+    every call (an extern's target looked up from its name, its argument template filled) done now
+    where the op allows: one call into torch per step, no Python layers we can avoid."""
     ref, attrs = OPS[node.op].ref, node.attrs
     if node.op == "getitem":
         i = attrs["index"]
         return lambda t: t[i]
+    if node.op in _DIRECT:
+        return _DIRECT[node.op]
+    if node.op == "extern":
+        direct = _direct_extern(attrs, len(node.args))
+        if direct is not None:
+            return direct
     return lambda *xs: ref(list(xs), attrs, device)
+
+
+def _direct_extern(attrs, operands: int):
+    """An extern whose arguments are its operands, in order, then constants, and whose keyword
+    arguments are constants (no device to put in): its ATen overload, called with them."""
+    args, kwargs = list(attrs["args"]), dict(attrs.get("kwargs", {}))
+
+    def static(x):
+        if isinstance(x, Ref):
+            return False
+        if isinstance(x, (list, tuple)):
+            return all(static(y) for y in x)
+        return not isinstance(x, dict)
+    n = 0
+    while n < len(args) and isinstance(args[n], Ref) and args[n].index == n:
+        n += 1
+    if n != operands or "device" in kwargs or not all(static(a) for a in args[n:]) or not all(static(v) for v in kwargs.values()):
+        return None
+    op, rest = resolve_target(attrs["target"]), tuple(args[n:])
+    if not rest and not kwargs:
+        return op
+    return lambda *xs: op(*xs, *rest, **kwargs)
 
 
 def _torch_step_report(n, graph_name: str) -> StepReport:

@@ -193,6 +193,7 @@ class KernelLaunch:
         self.name = name
         self.threads = min(threads(), extent)  # "chunks": fixed now; "openmp": read again at each call
         self.chunks = None
+        self.prefilled = frozenset()  # table entries written once (fixed pointers), not at each call
         if mode == "chunks":
             bounds = [extent * i // self.threads for i in range(self.threads + 1)]
             self.chunks = [(bounds[i], bounds[i + 1]) for i in range(self.threads)]
@@ -207,13 +208,25 @@ class KernelLaunch:
     def emit(self, k: int, v, ns: dict) -> list:
         """The generated call's lines for this launch (runtime/program.py): fill the pointers, call the kernel."""
         ns[f"P{k}"], ns[f"L{k}"], ns[f"R{k}"], ns["threads"] = self.ptrs, self, self.run or self.par, threads
-        lines = [f"P{k}[{i}] = {v(s)}.data_ptr()" for i, s in enumerate(self.slots)]
+        lines = [f"P{k}[{i}] = {v(s)}.data_ptr()" for i, s in enumerate(self.slots) if i not in self.prefilled]
         if self.failed is not None or self.chunks is not None:
             return lines + [f"L{k}.launch()"]
         if self.mode == "args":
             ns[f"F{k}"] = self.fn
             return lines + [f"F{k}({self.ptrs_addr}, 0, {self.extent})"]
         return lines + [f"R{k}()" if self.run is not None else f"R{k}(threads())"]
+
+    def prefill(self, fixed) -> None:
+        """Write the pointers of the slots that never change (`fixed(slot)`: an arena view or a
+        constant, else None) into the table now; the generated call then fills only the others.
+        Only for a table no other launch shares."""
+        done = set()
+        for i, s in enumerate(self.slots):
+            t = fixed(s)
+            if t is not None:
+                self.ptrs[i] = t.data_ptr()
+                done.add(i)
+        self.prefilled = frozenset(done)
 
     def launch(self) -> None:
         if self.run is not None:
@@ -235,3 +248,122 @@ class KernelLaunch:
             failed = [site for j, site in enumerate(self.sites) if bits >> j & 1]
             error = {"IndexError": KernelIndexError, "ZeroDivisionError": KernelZeroDivisionError}[failed[0][0]]
             raise error("minicomp: " + "; ".join(message for _, message in failed))
+
+
+# One native call for a program whose steps are all kernels run whole or on the OpenMP team (the
+# CPU counterpart of a CUDA Graph replay): the plan lists, per kernel, its entry, whether it takes
+# the thread count, and where in its buffer table each pointer that changes between calls goes
+# (an index into the call's pointer array). Fixed pointers (arena, constants) are written into the
+# tables once, when the call is generated; a call fills one pointer array in one statement and makes
+# one ctypes call, however many kernels and inputs the program has. The runner is the same machine
+# code for every program (cached on disk like any module): nothing is compiled per program.
+_PLAN_IR = """
+define void @minicomp_run_plan(ptr %plan, ptr %d, i32 %threads) {
+entry:
+  %n = load i64, ptr %plan
+  br label %kloop
+kloop:
+  %k = phi i64 [0, %entry], [%k1, %cont]
+  %pos = phi i64 [1, %entry], [%next, %cont]
+  %more = icmp slt i64 %k, %n
+  br i1 %more, label %kbody, label %exit
+kbody:
+  %fp = getelementptr i64, ptr %plan, i64 %pos
+  %fn = load i64, ptr %fp
+  %pp = getelementptr i64, ptr %fp, i64 1
+  %par = load i64, ptr %pp
+  %np = getelementptr i64, ptr %fp, i64 2
+  %npairs = load i64, ptr %np
+  %start = add i64 %pos, 3
+  br label %ploop
+ploop:
+  %j = phi i64 [0, %kbody], [%j1, %pbody]
+  %bind = icmp slt i64 %j, %npairs
+  br i1 %bind, label %pbody, label %call
+pbody:
+  %j2 = shl i64 %j, 1
+  %at = add i64 %start, %j2
+  %dstp = getelementptr i64, ptr %plan, i64 %at
+  %dst = load i64, ptr %dstp
+  %dip = getelementptr i64, ptr %dstp, i64 1
+  %di = load i64, ptr %dip
+  %srcp = getelementptr i64, ptr %d, i64 %di
+  %val = load i64, ptr %srcp
+  %dstptr = inttoptr i64 %dst to ptr
+  store i64 %val, ptr %dstptr
+  %j1 = add i64 %j, 1
+  br label %ploop
+call:
+  %np2 = shl i64 %npairs, 1
+  %next = add i64 %start, %np2
+  %k1 = add i64 %k, 1
+  %f = inttoptr i64 %fn to ptr
+  %isp = icmp ne i64 %par, 0
+  br i1 %isp, label %callpar, label %callrun
+callpar:
+  call void %f(i32 %threads)
+  br label %cont
+callrun:
+  call void %f()
+  br label %cont
+cont:
+  br label %kloop
+exit:
+  ret void
+}
+"""
+_PLAN_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
+
+
+def _plan_runner():
+    with _lock:
+        runner = _state.get("plan")
+    if runner is None:
+        jit = JitModule(_PLAN_IR)
+        runner = (jit, _PLAN_T(jit.address("minicomp_run_plan")))
+        with _lock:
+            runner = _state.setdefault("plan", runner)
+    return runner[1]
+
+
+class PlanRun:
+    """All of a program's kernels as one native call (see _PLAN_IR). `launches`: the KernelLaunch
+    steps in order, each run "whole" or "openmp" and without run-time checks (plannable); `dynamic`:
+    the env slots whose pointers change between calls, in the order the call's array holds them;
+    `fixed(slot)`: the tensor of a slot that never changes (arena view, constant), or None."""
+
+    def __init__(self, launches: list, dynamic: list, fixed):
+        where = {s: i for i, s in enumerate(dynamic)}
+        plan = [len(launches)]
+        for launch in launches:
+            pairs = []
+            for i, s in enumerate(launch.slots):
+                t = fixed(s)
+                if t is not None:
+                    launch.ptrs[i] = t.data_ptr()
+                else:
+                    pairs += [launch.ptrs_addr + 8 * i, where[s]]
+            entry = launch.run or launch.par
+            plan += [ctypes.cast(entry, ctypes.c_void_p).value, int(launch.par is not None), len(pairs) // 2, *pairs]
+        self.plan = (ctypes.c_int64 * len(plan))(*plan)
+        self.pointers = (ctypes.c_void_p * max(1, len(dynamic)))()
+        self.run = _plan_runner()
+        self.args = (ctypes.addressof(self.plan), ctypes.addressof(self.pointers))
+        self.launches = launches  # their tables and flag words live as long as the plan
+
+    @staticmethod
+    def plannable(step) -> bool:
+        return isinstance(step, KernelLaunch) and step.failed is None and step.mode in ("whole", "openmp")
+
+    def emit(self, dynamic_names: list, ns: dict) -> list:
+        """The generated call's lines: one pointer array filled in one statement, one native call."""
+        ns["PLAN"], ns["PLAN_D"], ns["PLAN_RUN"], ns["threads"] = self, self.pointers, self.run, threads
+        lines = []
+        if dynamic_names:
+            lines.append(f"PLAN_D[0:{len(dynamic_names)}] = ({''.join(f'{n}.data_ptr(), ' for n in dynamic_names)})")
+        par = any(launch.par is not None for launch in self.launches)
+        lines.append(f"PLAN_RUN({self.args[0]}, {self.args[1]}, {'threads()' if par else 1})")
+        return lines
+
+
+KernelLaunch.Plan = PlanRun  # how runtime/program.py finds the one-call path for these steps

@@ -3,9 +3,13 @@
 env layout: [inputs..., constants..., one slot per step result]. Steps are prepared at compile time
 -- kernel launches (runtime/cpu.py, cuda.py, cuda_emu.py) and torch calls (externs, matmuls, views)
 -- and a call is one generated Python function, one line a step (Executor): no Python work beyond
-filling pointer arrays and calling. Profiling (options.profile) and a torch.profiler trace get the
+filling pointer arrays and calling. Pointers that never change (arena views, constants) go into the
+kernels' tables once, when the call is generated; a program whose steps are all plain CPU kernels
+fills one pointer array and runs every kernel in one native call (runtime/cpu.py PlanRun, the CPU's
+counterpart of a CUDA Graph replay). Profiling (options.profile) and a torch.profiler trace get the
 same function with a clock read around each step, or each step inside a record_function of its
-name: what is timed is exactly what runs unprofiled.
+name (such a program's one native call taken apart into its kernels' calls): what is timed is what
+runs unprofiled. overhead.py times the call's phases the same way (Executor.phased).
 Intermediates kernels write live in one arena (planned by compiler/passes/plan_memory.py); graph
 outputs are fresh tensors each call. On the CPU a big output's memory is recycled once the caller has
 dropped every reference to it (see Recycler): fresh pages from the OS cost a page fault and zeroing
@@ -25,9 +29,7 @@ except ImportError:  # private: a torch without it gets the public call
     def _empty_strided_cpu(size, stride, dtype):
         return torch.empty_strided(size, stride, dtype=dtype)
 
-def _profiler_on() -> bool:
-    """Whether a torch.profiler (or autograd profiler) is recording on this thread's process."""
-    return torch.autograd.profiler._is_profiler_enabled
+from torch.autograd import profiler as _profiler  # ._is_profiler_enabled: whether a torch.profiler records
 
 
 RECYCLE_MIN_BYTES = 1 << 20  # smaller blocks come from malloc's free lists without page faults
@@ -129,6 +131,8 @@ class Program:
         return self._first[0] if self._first else None
 
     def _checkout(self) -> "Executor":
+        if self._released:
+            raise RuntimeError("minicomp: this program was released with the compiled callable that owned it")
         try:
             return self._first.pop()
         except IndexError:
@@ -153,6 +157,8 @@ class Program:
                 self._grow.wait()
 
     def _checkin(self, ex: "Executor") -> None:
+        if self._released:  # released during the call: no later call may find this executor
+            return
         (self._first if ex.is_primary else self._idle).append(ex)
         if self._count >= self.MAX_EXECUTORS:
             with self._grow:
@@ -166,11 +172,12 @@ class Program:
         self._idle.clear()
 
     def __call__(self, *inputs):
-        if self._released:
-            raise RuntimeError("minicomp: this program was released with the compiled callable that owned it")
-        ex = self._checkout()
+        try:  # the primary executor, idle: the common case, inline (a released program has none)
+            ex = self._first.pop()
+        except IndexError:
+            ex = self._checkout()
         try:
-            if _profiler_on():  # a torch.profiler trace shows each kernel and torch call by name
+            if _profiler._is_profiler_enabled:  # a torch.profiler trace shows each kernel and torch call by name
                 return ex.traced(*inputs)
             return ex.run(*inputs)
         finally:
@@ -218,10 +225,40 @@ class Executor:
             self._traced = self._generate(traced=True)
         return self._traced(*inputs)
 
-    def _generate(self, traced: bool = False):
+    def _plan(self, fixed):
+        """The one-call path's maker (runtime/cpu.py PlanRun) when this executor's steps can all
+        take it: kernels that run whole or on the OpenMP team without run-time checks, and views;
+        not with per-step timers, nor for a private executor (its launches take their own tables)."""
+        kernels = [s for s in self.steps if not isinstance(s, AsStrided)]
+        Plan = getattr(type(kernels[0]), "Plan", None) if kernels else None
+        if (Plan is None or not self.is_primary or any(t is not None for t in self.program.timers)
+                or len(kernels) < 2 or not all(Plan.plannable(s) for s in kernels)):  # one: its own call is cheaper
+            return None
+        return lambda dynamic, fixed: Plan(kernels, dynamic, fixed)
+
+    def phased(self):
+        """The call with a clock read between its phases (overhead.py): (run, totals, marks), where
+        totals[j] adds up the seconds spent in phase j (its name: the key of run.phases) over the
+        calls made, and marks[j] counts the clock reads phase j takes per call."""
+        totals: list = []
+        run = self._generate(phased=totals)
+        return run, totals, run.marks
+
+    @staticmethod
+    def mark_seconds(calls: int = 2000, n: int = 20) -> float:
+        """What one clock read of a phased call adds to the phase it closes (timed on marks alone)."""
+        ns = {"clock": time.perf_counter, "ACC": [0.0]}
+        body = ["    t0 = clock()"] + ["    t1 = clock(); ACC[0] += t1 - t0; t0 = t1"] * n
+        exec(compile("def marks():\n" + "\n".join(body) + "\n", "<minicomp marks>", "exec"), ns)
+        for _ in range(calls):
+            ns["marks"]()
+        return ns["ACC"][0] / (calls * n)
+
+    def _generate(self, traced: bool = False, phased: list | None = None):
         """The call as generated Python, one line a step, every slot a local: no list, no loop over
         the steps, no attribute lookups (a few microseconds on a small program). A step with a timer
-        runs between two clock reads; `traced` puts each step inside its record_function."""
+        runs between two clock reads; `traced` puts each step inside its record_function; `phased`
+        (a list, filled with one running total per phase) puts a clock read between phases."""
         p = self.program
         ns: dict = {"Tensor": torch.Tensor, "clock": time.perf_counter,
                     "record_function": torch.profiler.record_function}
@@ -231,12 +268,32 @@ class Executor:
                 ns[f"C{slot}"] = self.template[slot]  # a constant or an arena view: fixed
                 return f"C{slot}"
             return f"s{slot}"
-        lines = [f"def run({', '.join(f's{i}' for i in range(p.n_inputs))}):"]
-        lines += [f"    if not s{i}.is_contiguous(): s{i} = s{i}.contiguous()" for i in p.contiguous_inputs]
+
+        def fixed(slot: int):
+            return self.template[slot] if slot >= p.n_inputs else None
+        groups: list = []  # (phase, lines): what phased mode times apart
+        groups.append(("input checks", [f"if not s{i}.is_contiguous(): s{i} = s{i}.contiguous()"
+                                        for i in p.contiguous_inputs]))
         for slot, make in self.fresh:
             ns[f"M{slot}"] = make
-            lines.append(f"    s{slot} = M{slot}()")
+        groups.append(("output allocation", [f"s{slot} = M{slot}()" for slot, _ in self.fresh]))
+        tables = [s.ptrs_addr for s in self.steps if hasattr(s, "prefill")]
+        if len(set(tables)) == len(tables):  # no two launches share a table: fixed pointers go in once
+            for step in self.steps:
+                if hasattr(step, "prefill"):
+                    step.prefill(fixed)
+        plan = None if traced or len(set(tables)) != len(tables) else self._plan(fixed)
+        if plan is not None:  # every step a kernel (or a view): one native call runs them all
+            dynamic = list(dict.fromkeys(s for step in self.steps if hasattr(step, "slots")
+                                         for s in step.slots if fixed(s) is None))
+            for k, step in enumerate(self.steps):
+                if isinstance(step, AsStrided):
+                    groups.append(("views", step.emit(k, v, ns)))
+            body = plan(dynamic, fixed).emit([v(s) for s in dynamic], ns)
+            groups += [("pointer binding", body[:-1]), ("kernels", body[-1:])]
         for k, (step, timer) in enumerate(zip(self.steps, p.timers)):
+            if plan is not None:
+                break
             body = step.emit(k, v, ns)
             if timer is not None:
                 ns[f"D{k}"] = timer
@@ -244,19 +301,41 @@ class Executor:
             if traced:
                 ns[f"N{k}"] = p.names[k]
                 body = [f"with record_function(N{k}):", *("    " + line for line in body)]
-            lines += ["    " + line for line in body]
+            if phased is not None and hasattr(step, "slots"):  # a launch: its pointer lines, then its call
+                groups += [("pointer binding", body[:-1]), ("kernels", body[-1:])]
+            else:
+                groups.append(("views" if isinstance(step, AsStrided) else "kernels" if hasattr(step, "slots")
+                               else "torch calls", body))
         outs = ["None" if o is None else v(o) for o in p.outputs]
+        tail = []
         if self.arena_range is not None:  # never hand out memory the next call overwrites
             lo, hi = self.arena_range
             for i in p.may_alias:
-                lines.append(f"    o{i} = {outs[i]}")
-                lines.append(f"    if {lo} <= o{i}.data_ptr() < {hi}: o{i} = o{i}.clone()")
+                tail.append(f"o{i} = {outs[i]}")
+                tail.append(f"if {lo} <= o{i}.data_ptr() < {hi}: o{i} = o{i}.clone()")
                 outs[i] = f"o{i}"
+        groups.append(("output checks", tail))
+        lines = [f"def run({', '.join(f's{i}' for i in range(p.n_inputs))}):"]
+        phases: dict = {}
+        marks: list = []
+        if phased is not None:
+            lines.append("    t0 = clock()")
+        for phase, body in groups:
+            lines += ["    " + line for line in body]
+            if phased is not None and body:
+                j = phases.setdefault(phase, len(phases))
+                marks += [0] * (len(phases) - len(marks))
+                marks[j] += 1
+                lines.append(f"    t1 = clock(); ACC[{j}] += t1 - t0; t0 = t1")
         lines.append(f"    return [{', '.join(outs)}]")
         source = "\n".join(lines) + "\n"
-        if traced:
+        if phased is not None:
+            phased[:] = [0.0] * len(phases)
+            ns["ACC"] = phased
+        elif traced:
             self.traced_source = source
         else:
             self.source = source
         exec(compile(source, "<minicomp program>", "exec"), ns)
+        ns["run"].phases, ns["run"].marks = phases, marks  # phased: name -> index in the totals, clock reads
         return ns["run"]

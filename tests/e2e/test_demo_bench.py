@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROW_KEYS = {"case", "shape", "backend", "eager_ms", "minicomp_ms", "inductor_ms", "vs_eager", "vs_inductor",
             "bytes", "gbps", "copy_gbps", "pct_copy", "compile_s", "recompile_s", "own_s", "dynamo_s", "inductor_compile_s",
             "inductor_again_s", "fresh_ms", "fresh_vs_eager", "fresh_vs_inductor",
-            "eager_peak_kib", "mc_peak_kib", "max_abs_err", "ok", "notes"}
+            "eager_peak_kib", "mc_peak_kib", "max_abs_err", "ok", "notes", "overhead_us"}
 
 
 def test_demo_matches_eager(capsys):
@@ -31,6 +31,8 @@ def test_bench_rows_and_table():
     assert rows[0]["eager_peak_kib"] == 2 * 4096 and rows[0]["mc_peak_kib"] == 4096
     table = bench.format_table(rows)
     assert "cos_cos" in table and "tiny_chain50" in table and "geomean over 2 correct" in table
+    # the overhead-bound case carries its per-call breakdown, measured layer by layer (minicomp.overhead)
+    assert rows[1]["overhead_us"]["total"] > 0 and "tiny_chain50: " in table.split("per-call host time")[1]
 
 
 def test_wrong_rows_are_marked_and_left_out_of_the_geomean():

@@ -1,0 +1,101 @@
+"""The per-call path (runtime/program.py, runtime/cpu.py PlanRun) and its measured breakdown
+(minicomp/overhead.py): a program of plain kernels runs as one native call however many inputs
+it has, fixed pointers are bound once, and every guard still holds."""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+import minicomp
+from minicomp.bench_cases import make_case
+from minicomp.overhead import breakdown, format_breakdown
+
+from .test_program import _program_of
+
+
+def _kernels100(x):
+    y = x * 2
+    for i in range(6):  # each step reduces along the other dim: kernels that cannot fuse
+        y = y - y.mean(i % 2, keepdim=True)
+    return y
+
+
+def test_a_program_of_kernels_runs_as_one_native_call():
+    x = torch.randn(32, 16)
+    c = minicomp.compile(_kernels100, backend="cpu")
+    ex = _program_of(c, x).primary()
+    assert "PLAN_RUN(" in ex.source and "R1()" not in ex.source and ".data_ptr()" in ex.source
+    assert "C" not in "".join(ln for ln in ex.source.splitlines() if "data_ptr" in ln)  # arena: bound once
+    for _ in range(3):
+        x = torch.randn(32, 16)
+        torch.testing.assert_close(c(x), _kernels100(x))
+    xt = torch.randn(16, 32).t()  # strides the program was not compiled for: a new signature, still right
+    torch.testing.assert_close(c(xt), _kernels100(xt))
+
+
+def test_calls_side_by_side_take_their_own_tables():
+    """A second call in flight gets a private executor (per-step launches, tables of its own)."""
+    c = minicomp.compile(_kernels100, backend="cpu")
+    xs = [torch.randn(32, 16) for _ in range(8)]
+    c(xs[0])
+    errors = []
+
+    def work(x):
+        try:
+            for _ in range(20):
+                torch.testing.assert_close(c(x), _kernels100(x))
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(x,)) for x in xs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_the_26_input_chain_binds_its_inputs_in_one_call():
+    case = make_case("chain50_26in", quick=True)
+    assert len(case.inputs) == 26
+    c = minicomp.compile(case.fn, backend="cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(c(*case.inputs), case.fn(*case.inputs))
+        (program,) = c.report().runs
+        ex = program.primary()
+        assert ex.source.count("R0()") + ex.source.count("PLAN_RUN(") == 1
+        odd = [torch.randn(32)[::2] if i == 3 else torch.randn(16) for i in range(26)]
+        torch.testing.assert_close(c(*odd), case.fn(*odd))  # a strided input: made contiguous, still right
+
+
+def test_the_breakdown_measures_every_layer_and_leaves_the_call_as_it_was():
+    case = make_case("tiny_chain50", quick=True)
+    c = minicomp.compile(case.fn, backend="cpu")
+    with torch.no_grad():
+        c(*case.inputs)
+        us = breakdown(c, case.inputs, reps=3)
+        assert {"total", "guards", "dynamo + aot", "program", "input checks", "kernels", "other"} <= set(us)
+        assert us["total"] > 0 and us["kernels"] > 0
+        assert abs(us["total"] - sum(v for k, v in us.items() if k != "total")) < 1e-6
+        assert format_breakdown("tiny_chain50", us).startswith("tiny_chain50: ")
+        x = torch.randn(16)
+        torch.testing.assert_close(c(x), case.fn(x))
+        assert c.report().runs[0].primary().run.__name__ == "run"
+
+
+def test_profiled_and_traced_calls_take_the_one_native_call_apart(monkeypatch):
+    """Per-step timers and a torch.profiler trace see each kernel: such calls run step by step."""
+    from torch.profiler import ProfilerActivity, profile
+    x = torch.randn(32, 16)
+    c = minicomp.compile(_kernels100, backend="cpu")
+    program = _program_of(c, x)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.testing.assert_close(c(x), _kernels100(x))
+    names = [e.name for e in prof.events() if e.name.startswith("minicomp ")]
+    assert names == program.names and len(names) >= 6
+    assert "PLAN_RUN(" not in program.primary().traced_source
+    monkeypatch.setenv("MINICOMP_PROFILE", "1")
+    p = minicomp.compile(_kernels100, backend="cpu")
+    profiled = _program_of(p, x)
+    assert "PLAN_RUN(" not in profiled.primary().source and all(t is not None for t in profiled.timers)
+    torch.testing.assert_close(p(x), _kernels100(x))
