@@ -105,36 +105,31 @@ def read_value(c: Cursor):
         return val  # bare word: a dtype name such as f32
     if val in ("(", "["):
         close = ")" if val == "(" else "]"
-        items = []
-        while c.peek()[1] != close:
-            items.append(read_value(c))
-            if c.peek()[1] == ",":
-                c.next()
-        c.next()
+        items = _read_items(c, close, read_value)
         return tuple(items) if close == ")" else items
     if val == "{":
-        d = {}
-        while c.peek()[1] != "}":
-            k = read_value(c)
-            c.expect(":")
-            d[k] = read_value(c)
-            if c.peek()[1] == ",":
-                c.next()
-        c.next()
-        return d
+        return dict(_read_items(c, "}", lambda c: _pair(c, read_value(c), ":")))
     raise ParseError(f"line {c.lineno}: unexpected {val!r}")
 
 
-def read_attrs(c: Cursor) -> dict:
-    attrs = {}
-    if c.peek()[1] != "[":
-        return attrs
-    c.next()
-    while c.peek()[1] != "]":
-        key = c.next()[1]
-        c.expect("=")
-        attrs[key] = read_value(c)
+def _pair(c: Cursor, key, sep: str) -> tuple:
+    c.expect(sep)
+    return key, read_value(c)
+
+
+def _read_items(c: Cursor, close: str, item) -> list:
+    """Comma-separated `item(c)`s up to `close` (a trailing comma allowed), the close consumed."""
+    items = []
+    while c.peek()[1] != close:
+        items.append(item(c))
         if c.peek()[1] == ",":
             c.next()
     c.next()
-    return attrs
+    return items
+
+
+def read_attrs(c: Cursor) -> dict:
+    if c.peek()[1] != "[":
+        return {}
+    c.next()
+    return dict(_read_items(c, "]", lambda c: _pair(c, c.next()[1], "=")))
