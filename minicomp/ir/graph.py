@@ -29,11 +29,17 @@ class Node:
 class Graph:
     """inputs: Nodes with op 'input'; nodes: the body in a valid (topological) order;
     outputs: Nodes or None (AOTAutograd's backward returns None for inputs without gradient).
-    constants: name -> tensor for `constant` nodes (captured tensor attributes)."""
+    constants: name -> tensor for `constant` nodes (captured tensor attributes).
+    sizes: symbol name -> (lo, hi, hint) for the symbolic sizes in its types (ir/sym.py; hi None:
+    unbounded), printed in the header and read back; empty for a static graph."""
 
     def __init__(self, name: str, inputs: list[Node], nodes: list[Node], outputs: list[Optional[Node]],
-                 constants: Optional[dict] = None):
+                 constants: Optional[dict] = None, sizes: Optional[dict] = None):
         self.name = name
+        self.sizes = dict(sizes or {})
+        # output position -> a size (int or Sym) the graph returns there, its output being None: a
+        # training forward hands sizes to its backward; the program computes them from its inputs
+        self.size_outputs: dict = {}
         self.inputs = list(inputs)
         self.nodes = list(nodes)
         self.outputs = list(outputs)

@@ -5,10 +5,40 @@ an Expr by a positive constant (what a reshape turns into), or a loaded integer 
 Every loop variable carries its range [0, size), which lets `//` and `%` simplify away:
 (8*i + j) // 8 == i when 0 <= j < 8, and (8*i + j) % 8 == j. Simplification happens on
 construction, so two equal indices print the same and compare equal.
+
+Over symbolic sizes (ir/sym.py) a variable's range, a coefficient, the constant and a divisor may be
+symbolic: (s0*i + j) // s0 == i still simplifies when j < s0. Simplification here only ever uses what
+holds for every size (sym.known), never a guard: a rewrite it cannot prove is left as a division.
 """
 from __future__ import annotations
 
 from typing import Union
+
+from . import sym
+
+
+def _is0(c) -> bool:
+    return isinstance(c, int) and c == 0
+
+
+def _divides(d, c) -> bool:
+    """d divides c for every size."""
+    if isinstance(c, int) and isinstance(d, int):
+        return c % d == 0
+    return sym.exact_div(c, d) is not None
+
+
+def _same(a, b) -> bool:
+    """a and b are the same size expression (structurally: never a guard)."""
+    return _is0(sym.add(a, sym.mul(b, -1)))
+
+
+def _known_lt(x, d) -> bool:
+    return x is not None and sym.known(x, "<", d)
+
+
+def _known_ge0(x) -> bool:
+    return x is not None and sym.known(x, ">=", 0)
 
 
 class Var:
@@ -34,10 +64,10 @@ class _Op:
     def __repr__(self):
         if self.kind == "data":
             return f"data({self.c})"
-        return f"(({self.expr}) {'//' if self.kind == 'div' else '%'} {self.c})"
+        return f"(({self.expr}) {'//' if self.kind == 'div' else '%'} {_fmt(self.c)})"
 
     def key(self):
-        return (self.kind, self.expr.key() if self.expr is not None else None, self.c if self.kind != "data" else id(self.c))
+        return (self.kind, self.expr.key() if self.expr is not None else None, _ck(self.c) if self.kind != "data" else id(self.c))
 
 
 class Expr:
@@ -53,39 +83,39 @@ class Expr:
         # c*(X // c) + X % c == X: undo a split that a later reshape merged back
         for k, atom in list(atoms.items()):
             if k in merged and isinstance(atom, _Op) and atom.kind == "mod":
-                dk = ("div", atom.expr.key(), atom.c)
-                if dk in merged and merged[k] != 0 and merged[dk] == merged[k] * atom.c:
+                dk = ("div", atom.expr.key(), _ck(atom.c))
+                if dk in merged and not _is0(merged[k]) and _same(merged[dk], sym.mul(merged[k], atom.c)):
                     coef = merged.pop(k)
                     merged.pop(dk)
                     for a2, c2 in atom.expr.terms:
                         k2 = a2.key()
                         merged[k2] = merged.get(k2, 0) + c2 * coef
                         atoms[k2] = a2
-                    const += atom.expr.const * coef
+                    const = const + atom.expr.const * coef
         self.const = const
-        self.terms = tuple((atoms[k], merged[k]) for k in sorted(merged, key=repr) if merged[k] != 0)
+        self.terms = tuple((atoms[k], merged[k]) for k in sorted(merged, key=repr) if not _is0(merged[k]))
 
     @staticmethod
     def of(x: Union[int, Var, "_Op", "Expr"]) -> "Expr":
         if isinstance(x, Expr):
             return x
-        if isinstance(x, int):
+        if isinstance(x, (int, sym.Sym)):
             return Expr(x)
         return Expr(0, ((x, 1),))
 
     def key(self):
-        return (self.const, tuple((a.key(), c) for a, c in self.terms))
+        return (_ck(self.const), tuple((a.key(), _ck(c)) for a, c in self.terms))
 
     def __eq__(self, other):
-        return isinstance(other, (Expr, int)) and self.key() == Expr.of(other).key()
+        return isinstance(other, (Expr, int, sym.Sym)) and self.key() == Expr.of(other).key()
 
     def __hash__(self):
         return hash(self.key())
 
     def __repr__(self):
-        parts = [(f"{c}*{a}" if c != 1 else repr(a)) for a, c in self.terms]
-        if self.const or not parts:
-            parts.append(str(self.const))
+        parts = [(repr(a) if isinstance(c, int) and c == 1 else f"{_fmt(c)}*{a}") for a, c in self.terms]
+        if not _is0(self.const) or not parts:
+            parts.append(_fmt(self.const))
         return " + ".join(parts)
 
     # -- arithmetic --------------------------------------------------------------------------------
@@ -95,68 +125,80 @@ class Expr:
 
     __radd__ = __add__
 
-    def __mul__(self, k: int):
-        assert isinstance(k, int), "index expressions are affine: multiply by constants only"
-        return Expr(self.const * k, tuple((a, c * k) for a, c in self.terms))
+    def __mul__(self, k):
+        assert isinstance(k, (int, sym.Sym)), "index expressions are affine: multiply by constants or sizes only"
+        return Expr(sym.mul(self.const, k), tuple((a, sym.mul(c, k)) for a, c in self.terms))
 
     __rmul__ = __mul__
 
     def __sub__(self, other):
         return self + Expr.of(other) * -1
 
-    def range(self) -> tuple[int, int]:
-        """Inclusive [lo, hi] bounds from the variables' ranges (data atoms are unbounded)."""
+    def range(self) -> tuple:
+        """Inclusive [lo, hi] bounds from the variables' ranges: ints, or size expressions over
+        symbolic sizes; None where unbounded or of unknown sign (data atoms, a size of either sign)."""
         lo = hi = self.const
         for a, c in self.terms:
             alo, ahi = _atom_range(a)
-            lo += min(c * alo, c * ahi)
-            hi += max(c * alo, c * ahi)
+            if isinstance(c, int) and c >= 0 or not isinstance(c, int) and sym.known(c, ">=", 0):
+                tlo, thi = _times(c, alo), _times(c, ahi)
+            elif isinstance(c, int) or sym.known(c, "<=", 0):
+                tlo, thi = _times(c, ahi), _times(c, alo)
+            else:
+                tlo = thi = None
+            lo = None if lo is None or tlo is None else sym.add(lo, tlo)
+            hi = None if hi is None or thi is None else sym.add(hi, thi)
         return lo, hi
 
-    def floordiv(self, d: int) -> "Expr":
-        assert d > 0
-        if d == 1:
+    def floordiv(self, d) -> "Expr":
+        assert isinstance(d, sym.Sym) or d > 0
+        if isinstance(d, int) and d == 1:
             return self
         # split terms into a part divisible by d and a remainder; if the remainder stays in [0, d)
         # after pulling out whole multiples from the constant, the division distributes exactly.
-        q_terms = [(a, c // d) for a, c in self.terms if c % d == 0]
-        r_terms = [(a, c) for a, c in self.terms if c % d != 0]
-        q_const, r_const = divmod(self.const, d)
+        q_terms = [(a, sym.exact_div(c, d)) for a, c in self.terms if _divides(d, c)]
+        r_terms = [(a, c) for a, c in self.terms if not _divides(d, c)]
+        q_const, r_const = _divmod(self.const, d)
         rest = Expr(r_const, tuple(r_terms))
         lo, hi = rest.range()
-        if lo >= 0 and hi < d:
+        if _known_ge0(lo) and _known_lt(hi, d):
             return Expr(q_const, tuple(q_terms))
         split = self._split(d)
         if split is not None:  # (c*X + r) // d == X // (d/c) when 0 <= r < c and c divides d
             c, x, _ = split
-            return x.floordiv(d // c)
+            return x.floordiv(sym.exact_div(d, c))
         return Expr(q_const, tuple(q_terms) + ((_Op("div", rest, d), 1),))
 
-    def _split(self, d: int):
+    def _split(self, d) -> "tuple | None":
         """Find c > 1 dividing d with self == c*X + r, 0 <= r < c; returns (c, X, r) or None."""
-        for c in sorted({abs(c) for _, c in self.terms if c > 1 and d % c == 0}, reverse=True):
-            big = [(a, k // c) for a, k in self.terms if k % c == 0]
-            small = [(a, k) for a, k in self.terms if k % c != 0]
-            q, r0 = divmod(self.const, c)
+        cands = {}
+        for _, c in self.terms:
+            if isinstance(c, int) and c > 1 and isinstance(d, int) and d % c == 0 or \
+                    isinstance(c, sym.Sym) and sym.known(c, ">", 1) and _divides(c, d):
+                cands[repr(c)] = c
+        for c in sorted(cands.values(), key=lambda c: (isinstance(c, int), c if isinstance(c, int) else 0), reverse=True):
+            big = [(a, sym.exact_div(k, c)) for a, k in self.terms if _divides(c, k)]
+            small = [(a, k) for a, k in self.terms if not _divides(c, k)]
+            q, r0 = _divmod(self.const, c)
             r = Expr(r0, tuple(small))
             lo, hi = r.range()
-            if lo >= 0 and hi < c:
+            if _known_ge0(lo) and _known_lt(hi, c):
                 return c, Expr(q, tuple(big)), r
         return None
 
-    def mod(self, d: int) -> "Expr":
-        assert d > 0
-        if d == 1:
+    def mod(self, d) -> "Expr":
+        assert isinstance(d, sym.Sym) or d > 0
+        if isinstance(d, int) and d == 1:
             return Expr(0)
-        r_terms = tuple((a, c % d) for a, c in self.terms if c % d != 0)
-        rest = Expr(self.const % d, r_terms)
+        r_terms = tuple((a, _rem(c, d)) for a, c in self.terms if not _divides(d, c))
+        rest = Expr(_divmod(self.const, d)[1], r_terms)
         lo, hi = rest.range()
-        if lo >= 0 and hi < d:
+        if _known_ge0(lo) and _known_lt(hi, d):
             return rest
         split = rest._split(d)
         if split is not None:  # (c*X + r) % d == c*(X % (d/c)) + r
             c, x, r = split
-            return x.mod(d // c) * c + r
+            return x.mod(sym.exact_div(d, c)) * c + r
         return Expr(0, ((_Op("mod", rest, d), 1),))
 
     def is_affine(self) -> bool:
@@ -222,13 +264,40 @@ def data(value) -> Expr:
 
 def _atom_range(a):
     if isinstance(a, Var):
-        return 0, a.size - 1
+        return 0, sym.add(a.size, -1)
     if a.kind == "div":
         lo, hi = a.expr.range()
-        return lo // a.c, hi // a.c
+        return (None if lo is None else sym.floordiv(lo, a.c)), (None if hi is None else sym.floordiv(hi, a.c))
     if a.kind == "mod":
-        return 0, a.c - 1
-    return -(2 ** 62), 2 ** 62
+        return 0, sym.add(a.c, -1)
+    return None, None  # a loaded value: unbounded
+
+
+def _times(c, x):
+    return None if x is None else sym.mul(c, x)
+
+
+def _fmt(c) -> str:
+    """A coefficient, constant or divisor as printed: a size expression in braces (`{768*s0}*i0`)."""
+    return f"{{{c}}}" if isinstance(c, sym.Sym) else str(c)
+
+
+def _ck(c):
+    """A coefficient's part of an Expr key (a Sym by its own key)."""
+    return c.key if isinstance(c, sym.Sym) else c
+
+
+def _divmod(c, d):
+    """(q, r) with c == q*d + r, splitting off whole multiples of d where it is certain."""
+    if isinstance(c, int) and isinstance(d, int):
+        return divmod(c, d)
+    q = sym.exact_div(c, d)
+    return (q, 0) if q is not None else (0, c)
+
+
+def _rem(c, d):
+    """A coefficient reduced modulo d when both are ints (sizes stay as they are)."""
+    return c % d if isinstance(c, int) and isinstance(d, int) else c
 
 
 def strides_of(shape) -> tuple[int, ...]:
@@ -236,7 +305,7 @@ def strides_of(shape) -> tuple[int, ...]:
     out, acc = [], 1
     for s in reversed(shape):
         out.append(acc)
-        acc *= s
+        acc = sym.mul(acc, s)
     return tuple(reversed(out))
 
 
@@ -250,4 +319,5 @@ def linear(idx, shape) -> Expr:
 
 def unravel(flat: Expr, shape) -> list[Expr]:
     """The multi-index of a flat row-major offset (a reshape's source index)."""
-    return [flat.floordiv(st).mod(s) if s > 1 else Expr(0) for st, s in zip(strides_of(shape), shape)]
+    return [Expr(0) if isinstance(s, int) and s <= 1 else flat.floordiv(st).mod(s)
+            for st, s in zip(strides_of(shape), shape)]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .index import Expr, Var, data_values
+from .index import Expr, Var, _fmt, data_values
 from .text import format_value
 
 
@@ -212,12 +212,16 @@ def format_expr(e: Expr, names: dict) -> str:
         texts = [(_format_atom(a, names), c) for a, c in terms]
         order = sorted(range(len(terms)), key=lambda i: ("!" + texts[i][0]) if _atom_has_data(terms[i][0])
                        else repr(terms[i][0].key()))
-        parts = [texts[i][0] if texts[i][1] == 1 else f"{texts[i][1]}*{texts[i][0]}" for i in order]
+        parts = [texts[i][0] if _one(texts[i][1]) else f"{_fmt(texts[i][1])}*{texts[i][0]}" for i in order]
     else:
-        parts = [(f"{c}*{_format_atom(a, names)}" if c != 1 else _format_atom(a, names)) for a, c in terms]
-    if e.const or not parts:
-        parts.append(str(e.const))
+        parts = [(_format_atom(a, names) if _one(c) else f"{_fmt(c)}*{_format_atom(a, names)}") for a, c in terms]
+    if not (isinstance(e.const, int) and e.const == 0) or not parts:
+        parts.append(_fmt(e.const))
     return " + ".join(parts)
+
+
+def _one(c) -> bool:
+    return isinstance(c, int) and c == 1
 
 
 def _format_atom(a, names: dict) -> str:
@@ -225,7 +229,7 @@ def _format_atom(a, names: dict) -> str:
         return a.name
     if a.kind == "data":
         return f"data({names.get(id(a.c), '?')})"
-    return f"(({format_expr(a.expr, names)}) {'//' if a.kind == 'div' else '%'} {a.c})"
+    return f"(({format_expr(a.expr, names)}) {'//' if a.kind == 'div' else '%'} {_fmt(a.c)})"
 
 
 def _deps(e: KExpr, memo: dict) -> list:

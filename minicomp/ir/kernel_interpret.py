@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from . import sym
 from .index import Expr, Var
 from .kernel import Kernel, KExpr
 from .scalar import SCALAR
@@ -19,20 +20,27 @@ _KEEPS_GUARD = ("load", "clamp_index")  # the kernel-level ops a cat part's guar
 
 
 class _Eval:
-    def __init__(self, k: Kernel, bufs: list, device):
+    def __init__(self, k: Kernel, bufs: list, device, sizes=None):
         self.k, self.bufs, self.device = k, [b.reshape(-1) for b in bufs], device
+        self.sizes = sizes or {}  # symbol values: a kernel over symbolic extents runs at these
         vs = list(k.outer) + list(k.inner)
         self.ndim = len(vs)
         self.grid = {}
+        self.extent = {v.name: self.n(v.size) for v in vs}
         for i, v in enumerate(vs):
             shape = [1] * self.ndim
-            shape[i] = v.size
-            self.grid[v.name] = torch.arange(v.size, device=device).reshape(shape)
+            shape[i] = self.extent[v.name]
+            self.grid[v.name] = torch.arange(self.extent[v.name], device=device).reshape(shape)
         self.memo: dict = {}
         self.accs: dict = {}
 
+    def n(self, x) -> int:
+        """An extent, coefficient or divisor at this run's sizes."""
+        return sym.evaluate(x, self.sizes) if isinstance(x, sym.Sym) else x
+
     def index(self, e: Expr):
-        total = torch.full([1] * self.ndim, e.const, dtype=torch.int64, device=self.device)
+        n = self.n
+        total = torch.full([1] * self.ndim, n(e.const), dtype=torch.int64, device=self.device)
         for atom, c in e.terms:
             if isinstance(atom, Var):
                 v = self.grid[atom.name]
@@ -40,8 +48,9 @@ class _Eval:
                 v = self.value(atom.c).to(torch.int64)
             else:
                 inner = self.index(atom.expr)
-                v = torch.div(inner, atom.c, rounding_mode="floor") if atom.kind == "div" else inner % atom.c
-            total = total + v * c
+                d = n(atom.c)
+                v = torch.div(inner, d, rounding_mode="floor") if atom.kind == "div" else inner % d
+            total = total + v * n(c)
         return total
 
     # what the scalar table's references (ir/scalar.py) read from the evaluation
@@ -55,26 +64,31 @@ class _Eval:
         hit = self.memo.get(id(e))
         if hit is not None:
             return hit
-        out = SCALAR[e.op].ref([self.value(a) for a in e.args], e.attrs if e.op in _KEEPS_GUARD else
-                               {k: v for k, v in e.attrs.items() if k != "guard"}, self, e.dtype)
+        attrs = e.attrs if e.op in _KEEPS_GUARD else {k: v for k, v in e.attrs.items() if k != "guard"}
+        if isinstance(attrs.get("size"), sym.Sym):
+            attrs = dict(attrs, size=self.n(attrs["size"]))
+        out = SCALAR[e.op].ref([self.value(a) for a in e.args], attrs, self, e.dtype)
         self.memo[id(e)] = out
         return out
 
     def reduce(self, r) -> None:
-        full = [v.size for v in self.k.outer + self.k.inner]
+        full = [self.extent[v.name] for v in self.k.outer + self.k.inner]
         x = self.value(r.value).expand(full) if full else self.value(r.value)
         self.accs[id(r)] = SCALAR[r.op].ref([x], {"outer": len(self.k.outer)}, self, r.dtype)
 
     def store(self, st, level: str) -> None:
-        full = [v.size for v in self.k.outer] + ([v.size for v in self.k.inner] if level == "inner" else [1] * len(self.k.inner))
+        ext = self.extent
+        full = [ext[v.name] for v in self.k.outer] + ([ext[v.name] for v in self.k.inner] if level == "inner"
+                                                      else [1] * len(self.k.inner))
         idx = self.index(st.index).expand(full).reshape(-1)
         val = self.value(st.value).expand(full).reshape(-1)
         self.bufs[st.buf][idx] = val.to(self.bufs[st.buf].dtype)
 
 
-def run_kernel(k: Kernel, bufs: list, device="cpu") -> None:
-    """Execute `k` on `bufs` (one tensor per Kernel.buffers entry; outputs are written in place)."""
-    ev = _Eval(k, bufs, device)
+def run_kernel(k: Kernel, bufs: list, device="cpu", sizes=None) -> None:
+    """Execute `k` on `bufs` (one tensor per Kernel.buffers entry; outputs are written in place),
+    a kernel over symbolic extents at `sizes` (symbol name -> int)."""
+    ev = _Eval(k, bufs, device, sizes)
     for stage in k.stages:
         for r in stage:
             ev.reduce(r)
@@ -84,10 +98,10 @@ def run_kernel(k: Kernel, bufs: list, device="cpu") -> None:
         ev.store(st, "outer")
 
 
-def kernel_node_ref(node, args: list, device):
+def kernel_node_ref(node, args: list, device, sizes=None):
     """Interpret a fused graph's `kernel` node: returns the tuple of its results."""
     k, io = node.meta["kernel"], node.meta["io"]
-    results = [torch.empty(t.shape, dtype=DTYPES[t.dtype], device=device) for t in node.type]
+    results = [torch.empty(sym.concrete(t.shape, sizes or {}), dtype=DTYPES[t.dtype], device=device) for t in node.type]
     bufs = [args[j].contiguous() if kind == "arg" else results[j] for kind, j in io]
-    run_kernel(k, bufs, device)
+    run_kernel(k, bufs, device, sizes)
     return tuple(results)

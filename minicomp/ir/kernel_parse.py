@@ -11,20 +11,26 @@ from __future__ import annotations
 import json
 import re
 
+from . import sym
 from .index import Expr, Var, _Op
 from .kernel import Buffer, Kernel, KExpr, Reduction, Store
 from .text import Cursor, read_attrs, read_value, tokens
 from .types import DTYPES, itemsize
 
-_EXPR_TOKEN = re.compile(r"-?\d+|//|[A-Za-z_][A-Za-z0-9_]*|[()*+%]|\S")
-_EXPR_WORD = re.compile(r"-?\d+|//|[A-Za-z_][A-Za-z0-9_]*|[()*+%]")
+_EXPR_TOKEN = re.compile(r"-?\d+|\{[^{}]*\}|//|[A-Za-z_][A-Za-z0-9_]*|[()*+%]|\S")
+_EXPR_WORD = re.compile(r"-?\d+|\{[^{}]*\}|//|[A-Za-z_][A-Za-z0-9_]*|[()*+%]")
 _NAME_ATTR = re.compile(r' \[name=("(?:[^"\\]|\\.)*")\]$')
 _VALUE = re.compile(r"(t\d+): (\w+) = (\w+)(.*)$")
 _REDUCTION = re.compile(r"(r\d+): (\w+) = (\w+) (t\d+)$")
 _STORE = re.compile(r"b(\d+)\[([^\]]*)\] = (t\d+)$")
-_BUFFER = re.compile(r"b(\d+): (\w+)\[(\d+)\] = (out (\d+)|\$(\d+)|%\S+)( \[.*\])$")
+_BUFFER = re.compile(r"b(\d+): (\w+)\[([^\]]+)\] = (out (\d+)|\$(\d+)|%\S+)( \[.*\])$")
 _LOAD = re.compile(r" b(\d+)\[([^\]]*)\](.*)$")
-_DOMAIN = re.compile(r"domain \(([^)]*)\)(?: x \[([^\]]*)\])?$")
+_DOMAIN = re.compile(r"domain \((.*?)\)(?: x \[(.*)\])?$")
+
+
+def _num(tok: str):
+    """An int, or a size expression in braces ({768*s0})."""
+    return sym.parse(tok[1:-1]) if tok.startswith("{") else int(tok)
 
 
 class _Body:
@@ -61,13 +67,13 @@ class _Body:
         const, terms = 0, []
         while True:
             tok = self.toks[self.pos] if self.pos < len(self.toks) else None
-            if tok is not None and re.fullmatch(r"-?\d+", tok):
+            if tok is not None and (re.fullmatch(r"-?\d+", tok) or tok.startswith("{")):
                 self.pos += 1
                 if self.pos < len(self.toks) and self.toks[self.pos] == "*":
                     self.pos += 1
-                    terms.append((self._atom(), int(tok)))
+                    terms.append((self._atom(), _num(tok)))
                 else:
-                    const += int(tok)
+                    const = const + _num(tok)
             else:
                 terms.append((self._atom(), 1))
             if self.pos < len(self.toks) and self.toks[self.pos] == "+":
@@ -89,9 +95,9 @@ class _Body:
             kind = {"//": "div", "%": "mod"}.get(self._next())
             c = self._next()
             self._expect(")")
-            if kind is None or not re.fullmatch(r"\d+", c):
+            if kind is None or not (re.fullmatch(r"\d+", c) or c.startswith("{")):
                 self.error("expected `((expr) // c)` or `((expr) % c)` in an index expression")
-            return _Op(kind, inner, int(c))
+            return _Op(kind, inner, _num(c))
         if tok not in self.vars:
             self.error(f"index expression uses {tok!r}, which is not one of the kernel's loop variables")
         return self.vars[tok]
@@ -166,14 +172,18 @@ def parse_kernel(body: list, node, env: dict, error) -> tuple[Kernel, list]:
                 vs = []
                 for item in filter(None, (s.strip() for s in part.split(","))):
                     vname, _, size = item.partition(":")
-                    if vname in p.vars or not size.strip().isdigit():
+                    try:
+                        extent = sym.parse(size)
+                    except ValueError:
+                        extent = None
+                    if vname in p.vars or extent is None:
                         p.error(f"bad or repeated loop variable {item!r}")
-                    p.vars[vname] = Var(vname, int(size))
+                    p.vars[vname] = Var(vname, extent)
                     vs.append(p.vars[vname])
                 loops.append(tuple(vs))
             k.outer, k.inner = loops
         elif ln.startswith("flops ") and section is None:
-            k.flops = int(ln.split()[1])
+            k.flops = sym.parse(ln.split()[1])
         elif ln.startswith("b") and section is None:
             m = _BUFFER.match(ln)
             if not m or int(m.group(1)) != len(k.buffers):
@@ -191,7 +201,7 @@ def parse_kernel(body: list, node, env: dict, error) -> tuple[Kernel, list]:
                 holder = node.args[j]
             fast = _NAME_ATTR.match(m.group(7))
             name = json.loads(fast.group(1)) if fast else p.attrs(m.group(7)).get("name")
-            k.buffers.append(Buffer(name, m.group(2), int(m.group(3)), holder))
+            k.buffers.append(Buffer(name, m.group(2), sym.parse(m.group(3)), holder))
         elif re.fullmatch(r"stage \d+:", ln):
             if int(ln[6:-1]) != len(k.stages):
                 p.error(f"expected stage {len(k.stages)}")

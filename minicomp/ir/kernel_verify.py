@@ -11,6 +11,7 @@ An error names the kernel and quotes its line as printed (ir/kernel.py).
 """
 from __future__ import annotations
 
+from . import sym
 from .index import Expr, Var, data_values
 from .kernel import Kernel, KExpr, Reduction
 from .kernel import KERNEL_LEVEL
@@ -18,6 +19,11 @@ from .ops import OPS
 from .types import DTYPES, FLOATS, INTS, TensorType
 
 _IGNORED_BY_INFER = ("guard", "where")  # a kernel's own notes on an op: its checks, not its meaning
+
+
+def _size(x) -> bool:
+    """An extent or element count: an int >= 0, or a symbolic size (ir/sym.py) that is >= 0."""
+    return isinstance(x, (int, sym.Sym)) and not isinstance(x, bool) and sym.known(x, ">=", 0)
 
 
 class KernelChecker:
@@ -35,7 +41,7 @@ class KernelChecker:
             self.fail("a kernel node must carry its Kernel and io map (meta['kernel'], meta['io'])")
         self.check_attrs()
         names = [v.name for v in k.outer + k.inner]
-        if len(set(names)) != len(names) or any(not isinstance(v, Var) or not isinstance(v.size, int) or v.size < 0
+        if len(set(names)) != len(names) or any(not isinstance(v, Var) or not _size(v.size)
                                                 for v in k.outer + k.inner):
             self.fail(f"loop variables {names} must be distinct, each with a size >= 0")
         self.loops = {v.name: v.size for v in k.outer + k.inner}
@@ -69,7 +75,7 @@ class KernelChecker:
         results = n.type if isinstance(n.type, tuple) and not isinstance(n.type, TensorType) else ()
         args_used, outs_used = [], []
         for i, (b, (kind, j)) in enumerate(zip(k.buffers, io)):
-            if b.dtype not in DTYPES or not isinstance(b.numel, int) or b.numel < 0:
+            if b.dtype not in DTYPES or not _size(b.numel):
                 self.fail(f"buffer b{i} has a bad type {b.dtype}[{b.numel}]", b)
             if kind == "arg" and isinstance(j, int) and 0 <= j < len(n.args):
                 t, used = n.args[j].type, args_used
@@ -89,7 +95,7 @@ class KernelChecker:
         if not isinstance(e, Expr):
             self.fail(f"index {e!r} is not an index expression", obj)
         for a, _ in e.terms:
-            if isinstance(a, Var) and self.loops.get(a.name) != a.size:
+            if isinstance(a, Var) and (a.name not in self.loops or self.loops[a.name] != a.size):
                 self.fail(f"index uses {a.name} (size {a.size}), which is not a loop variable of the kernel", obj)
         bad = e.vars() - allowed
         if bad:
@@ -102,8 +108,11 @@ class KernelChecker:
 
     def in_range(self, e: Expr, numel: int, what: str, obj) -> None:
         if e.is_affine() and numel > 0 and all(self.loops[v] > 0 for v in e.vars()):
-            lo, hi = e.range()
-            if lo < 0 or hi >= numel:
+            lo, hi = e.range()  # over symbolic sizes: an error only where it is out of range for every size
+            if lo is None or hi is None:
+                return
+            if sym.known(lo, "<", 0) or sym.known(hi, ">=", numel) or (
+                    isinstance(lo, int) and isinstance(hi, int) and isinstance(numel, int) and (lo < 0 or hi >= numel)):
                 self.fail(f"{what} reaches [{lo}, {hi}], outside the buffer's {numel} elements", obj)
 
     def value(self, root: KExpr, allowed) -> None:
@@ -166,7 +175,7 @@ class KernelChecker:
                 self.fail(f"accumulator typed {e.dtype} of a {r.dtype} reduction", e)
         elif e.op == "clamp_index":
             if (len(e.args) != 1 or e.args[0].dtype not in INTS or e.dtype != "i64"
-                    or not isinstance(e.attrs.get("size"), int)):
+                    or not _size(e.attrs.get("size"))):
                 self.fail("clamp_index takes one integer value and a size, and gives i64", e)
         else:
             self.pointwise(e)

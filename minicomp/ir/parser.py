@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from . import sym
 from .graph import Graph, Node
 from .kernel_parse import parse_kernel, resolve_outputs
 from .text import Cursor, ParseError, read_attrs, tokens
@@ -31,13 +32,35 @@ def _type(c: Cursor):
     if kind != "name" or val not in DTYPES:
         raise ParseError(f"line {c.lineno}: expected a type such as f32[4], found {val!r}")
     c.expect("[")
-    dims = []
-    while c.peek()[1] != "]":
-        dims.append(int(c.next()[1]))
-        if c.peek()[1] == ",":
-            c.next()
+    dims, text, depth = [], "", 0
+    while depth or c.peek()[1] != "]":  # a dimension: an int or a symbolic size such as 768*s0+1
+        kind, tok = c.next()
+        if tok is None:
+            raise ParseError(f"line {c.lineno}: a type's dimensions have no closing ]")
+        if tok == "," and not depth:
+            dims.append(sym.parse(text))
+            text = ""
+            continue
+        depth += (tok == "(") - (tok == ")")
+        text += tok
+    if text:
+        dims.append(sym.parse(text))
     c.next()
     return TensorType(tuple(dims), val)
+
+
+_SIZES = re.compile(r"([A-Za-z_][A-Za-z0-9_]*) in (\d+)\.\.(\d*) hint (\d+)$")
+
+
+def _sizes(lineno: int, ln: str) -> dict:
+    """`sizes s0 in 2..1024 hint 128, s1 in 2.. hint 7` -> {name: (lo, hi, hint)}."""
+    out = {}
+    for part in ln[len("sizes "):].split(","):
+        m = _SIZES.match(part.strip())
+        if m is None:
+            raise ParseError(f"line {lineno}: cannot read the size {part.strip()!r} (want `s0 in 2..1024 hint 128`)")
+        out[m.group(1)] = (int(m.group(2)), int(m.group(3)) if m.group(3) else None, int(m.group(4)))
+    return out
 
 
 # the common line, `%3: f32[4,8] = add %1 %2 [...]`, read without tokenizing all of it
@@ -157,8 +180,11 @@ def parse(text: str) -> Graph:
     lineno, head = lines[0]
     name, env, out_types = _guarded(lineno, _header, head)
     inputs = list(env.values())
-    nodes, outputs = [], None
+    nodes, outputs, sizes = [], None, {}
     pos = 1
+    if pos < len(lines) and lines[pos][1].startswith("sizes "):
+        sizes = _sizes(*lines[pos])
+        pos += 1
     while pos < len(lines):
         lineno, ln = lines[pos]
         pos += 1
@@ -191,4 +217,4 @@ def parse(text: str) -> Graph:
     if got != out_types:
         raise ParseError(f"line {lines[0][0]}: header declares outputs ({', '.join(map(str, out_types))}) "
                          f"but the return line gives ({', '.join(map(str, got))})")
-    return Graph(name, inputs, nodes, outputs)
+    return Graph(name, inputs, nodes, outputs, sizes=sizes)

@@ -6,7 +6,8 @@
       return %1
     }
 
-Body nodes are numbered in order; inputs keep their names. A fused graph's `kernel` node prints its
+Body nodes are numbered in order; inputs keep their names. A graph with symbolic sizes (`f32[s0,768]`)
+says their ranges and hints on a `sizes` line under the header. A fused graph's `kernel` node prints its
 body inline, in braces under it (ir/kernel.py). `parser.parse` reads this text back.
 """
 from __future__ import annotations
@@ -62,6 +63,9 @@ def print_graph(graph: Graph) -> str:
     params = ", ".join(f"{names[n]}: {format_type(n.type)}" for n in graph.inputs)
     outs = ", ".join("None" if o is None else format_type(o.type) for o in graph.outputs)
     lines = [f"graph {graph.name}({params}) -> ({outs}) {{"]
+    if graph.sizes:  # `sizes s0 in 2..1024 hint 128, s1 in 2.. hint 7`
+        lines.append("  sizes " + ", ".join(f"{s} in {lo}..{'' if hi is None else hi} hint {h}"
+                                            for s, (lo, hi, h) in sorted(graph.sizes.items())))
     for n in graph.nodes:
         lines += node_lines(n, names)
     rets = ", ".join("None" if o is None else names.get(o, "%?") for o in graph.outputs)

@@ -8,6 +8,7 @@ import re
 
 import torch
 
+from . import sym
 from .ops import Ref
 from .types import DTYPES
 
@@ -27,6 +28,8 @@ def format_value(v) -> str:
         return v if v in DTYPES else json.dumps(v)  # dtype names print bare: cast [dtype=f16]
     if isinstance(v, Ref):
         return repr(v)
+    if isinstance(v, sym.Sym):
+        return f'size("{v}")'  # a symbolic size in an attribute: view [shape=(size("4*s0"), 768)]
     if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)):
         return str(v)  # torch.float32, torch.strided, torch.contiguous_format
     if isinstance(v, tuple):
@@ -48,6 +51,7 @@ _TOKEN = re.compile(r"""
   | (?P<str>"(?:[^"\\]|\\.)*")
   | (?P<name>[A-Za-z_][A-Za-z0-9_.]*)
   | (?P<punct>[()\[\]{},:=])
+  | (?P<op>//|[-+*%])
   | (?P<bad>.)
 """, re.VERBOSE)
 
@@ -102,6 +106,11 @@ def read_value(c: Cursor):
             return float("nan")
         if val.startswith("torch."):
             return getattr(torch, val[len("torch."):])
+        if val == "size" and c.peek()[1] == "(":
+            c.next()
+            kind, text = c.next()
+            c.expect(")")
+            return sym.parse(json.loads(text))
         return val  # bare word: a dtype name such as f32
     if val in ("(", "["):
         close = ")" if val == "(" else "]"

@@ -1,12 +1,15 @@
 """Tensor types of the IR: a shape and a short dtype name (`f32[64,1024]`, `b8[]`).
 
 The IR never carries strides: a value is a logical tensor. Layout is a backend decision.
+A dimension is an int or a symbolic size (ir/sym.py): `f32[s0,768]` is one type for every s0.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import torch
+
+from . import sym
 
 # short name -> torch dtype; the order is the printer's and parser's vocabulary
 DTYPES: dict[str, torch.dtype] = {
@@ -37,14 +40,18 @@ class TensorType(NamedTuple):
 
     @staticmethod
     def of(t: torch.Tensor) -> "TensorType":
-        return TensorType(tuple(int(s) for s in t.shape), dtype_name(t.dtype))
+        return TensorType(tuple(dim(s) for s in t.shape), dtype_name(t.dtype))
 
     @property
-    def numel(self) -> int:
+    def numel(self):
         n = 1
         for s in self.shape:
-            n *= s
+            n = s * n
         return n
+
+    @property
+    def symbolic(self) -> bool:
+        return any(isinstance(s, sym.Sym) for s in self.shape)
 
     @property
     def ndim(self) -> int:
@@ -56,6 +63,15 @@ class TensorType(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+def dim(s):
+    """One dimension of a (fake) tensor's shape: an int, or a symbolic size for Dynamo's SymInt (read
+    from its expression, never by asking the SymInt for an int, which would specialize it)."""
+    if isinstance(s, torch.SymInt):
+        expr = s.node.expr
+        return int(expr) if expr.is_number else sym.from_sympy(expr)
+    return int(s)
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 
+from . import sym
 from .graph import Graph, Node
 from .ops import OPS, Ref, resolve_target
 from .kernel import KernelPrinter, buffer_sources
@@ -30,7 +31,7 @@ def _bad_type(t) -> str | None:
         return f"{format_type(t)} is not a tensor type"
     if t.dtype not in DTYPES:
         return f"unknown dtype {t.dtype!r}"
-    if any(not isinstance(s, int) or s < 0 for s in t.shape):
+    if any(not isinstance(s, (int, sym.Sym)) or isinstance(s, bool) or not sym.known(s, ">=", 0) for s in t.shape):
         return f"bad shape {t.shape}"
     return None
 
@@ -130,6 +131,13 @@ def _read_back(text: str):
 
 
 def verify(graph: Graph) -> Graph:
+    if graph.sizes and sym.current() is sym.current_default():  # a graph read from text: its own sizes
+        with sym.using(sym.env_for(graph.sizes)):
+            return _verify(graph)
+    return _verify(graph)
+
+
+def _verify(graph: Graph) -> Graph:
     names = namer(graph)
     defined: set[Node] = set()
     for n in graph.inputs:
