@@ -7,10 +7,13 @@ graph keeps (ctx.artifacts) is keyed by what those decisions read.
 """
 from __future__ import annotations
 
+SYMBOLIC = True  # a graph over symbolic sizes is one program (runtime/sized.py)
+
 import math
 import time
 
 from .assemble import assemble
+from .sized import sized_program
 
 FLOPS_PER_BYTE = 4.0  # the machine balance the fusion cost model plans for
 
@@ -51,11 +54,12 @@ def build(graph, ctx):
     knodes = [n for n in graph.nodes if n.op == "kernel"]
     t0 = time.perf_counter()
     phases = ctx.phases_ms
-    key = ("llvm", cpu.threads(), cpu.openmp(), cpu.PARALLEL_MIN_WORK)  # what launch modes depend on
+    sized = bool(graph.sizes)  # symbolic sizes: launch modes are decided per call size (sized.py)
+    key = ("llvm", cpu.threads(), cpu.openmp(), cpu.PARALLEL_MIN_WORK, sized)  # what launch modes depend on
     if key not in ctx.artifacts:  # a Built graph (capture.py) carries its module from the first compile
         # no graph name in the module: a stable cache key
         ctx.artifacts[key] = generate_module([n.meta["kernel"] for n in knodes],
-                                             whole=lambda k: mode(k) == "whole", openmp=cpu.openmp())
+                                             whole=lambda k: mode(k) == "whole", openmp=cpu.openmp(), sized=sized)
         phases["llvm_ir"] = _ms(time.perf_counter() - t0)
     text, kernels = ctx.artifacts[key]
     ctx.dump.stage("kernels", lambda: "\n".join(kernel_text(k) for k in kernels), level=3)
@@ -72,11 +76,36 @@ def build(graph, ctx):
         sites = tuple(check_sites(k))
         return KernelLaunch(jit.address(k.name), slots, outer_extent(k), k.name, m, entry, bufs, sites)
     t2 = time.perf_counter()
-    program, detail = assemble(graph, ctx, kernels, launch, jit)
+    if sized:
+        program, detail = sized_program(graph, ctx, kernels, _sized_launch(jit), jit)
+    else:
+        program, detail = assemble(graph, ctx, kernels, launch, jit)
     phases["assemble"] = _ms(time.perf_counter() - t2)
     detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=_ms(codegen_s),
                   llvm_bodies=len(BODY_DEFINITION.findall(text)))
     return program, detail
+
+
+def _sized_launch(jit):
+    """make_launch(kernel, slots, values) for a program over symbolic sizes: every launch has a
+    table of its own (instances of several sizes run the same machine code), the symbols' values in
+    an array it points to, and runs whole or on the OpenMP team as the size at hand calls for."""
+    import ctypes
+
+    from ..codegen.llvm import PART_SUFFIX, check_sites, kernel_symbols, outer_extent
+    from ..ir import sym
+    from ..runtime import cpu
+    from ..runtime.cpu import KernelLaunch
+
+    def launch(k, slots, values):
+        ext = sym.evaluate(outer_extent(k), values)
+        work = math.prod(sym.evaluate(v.size, values) for v in k.outer + k.inner)
+        names = kernel_symbols(k)
+        sizes = (ctypes.c_int64 * len(names))(*[values[s] for s in names]) if names else None
+        m = cpu.launch_mode(work, ext)
+        mode, entry = {"whole": ("args", None), "openmp": ("part", jit.address(k.name + PART_SUFFIX))}.get(m, (m, None))
+        return KernelLaunch(jit.address(k.name), slots, ext, k.name, mode, entry, None, tuple(check_sites(k)), sizes)
+    return launch
 
 
 def _ms(seconds: float) -> float:

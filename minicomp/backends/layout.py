@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import DTYPES, OPS, Node, TensorType
+from ..ir import DTYPES, OPS, Node, TensorType, sym
 
 CONTIGUOUS_TORCH_OPS = ("mm", "bmm")  # torch ops whose result is always a new contiguous tensor
 
 
 def meta_of(node: Node):
-    """A meta tensor of node's type, contiguous: the stand-in for views' layout arithmetic."""
-    return torch.empty(node.type.shape, dtype=DTYPES[node.type.dtype], device="meta")
+    """A meta tensor of node's type, contiguous: the stand-in for views' layout arithmetic (over
+    symbolic sizes at the hints: what the scheduler asks of it only decides speed)."""
+    return torch.empty(sym.hinted(node.type.shape), dtype=DTYPES[node.type.dtype], device="meta")
 
 
 def free_layout_inputs(graph) -> set:

@@ -22,6 +22,12 @@ A pointwise kernel whose stores choose between parts by comparing a loop variabl
 cat, a pad) runs as one loop nest per range of that variable (pieces.py): the GPT block's backward
 cat of q/k/v gradients went from 0.168 ms to under 0.012.
 A reduction down columns (a layer_norm weight gradient) runs in column tiles (columns.py).
+A kernel over symbolic sizes (ir/sym.py) reads them at run time: its buffer table holds one more
+pointer, to the program's array of size values, its body loads the symbols it uses once at entry and
+computes every symbolic extent, coefficient and divisor from them (LLVM hoists what loops do not
+change); it has no <name>_run, and its <name>_part(i32 threads, ptr table) splits its outer range on
+the OpenMP team with the table passed along, so each program instance (one per call size,
+runtime/sized.py) brings a table of its own.
 Kernels whose bodies print the same (body_key: the same layer repeated, buffers by position) share
 one <name>_body, each calling it with its own buffers: optimizing and emitting machine code is most
 of a cold compile after tracing, and four GPT blocks then cost it about once (codegen 682 -> 270 ms).
@@ -32,6 +38,7 @@ import re
 
 import llvmlite.ir as ir
 
+from ..ir import sym
 from ..ir.index import Expr, Var
 from ..ir.kernel import Kernel, KernelPrinter, KExpr, walk
 from .collapse import collapse
@@ -48,7 +55,7 @@ I32 = ir.IntType(32)
 # without arguments costs a fifth of one with three) and reads its buffer pointers from <name>_bufs;
 # one it splits across threads gets <name>_par(i32 threads), which runs a chunk of the range on each
 # thread of an OpenMP team (GOMP_parallel: torch's own OpenMP runtime, see runtime/cpu.py)
-RUN_SUFFIX, PAR_SUFFIX, BUFS_SUFFIX = "_run", "_par", "_bufs"
+RUN_SUFFIX, PAR_SUFFIX, BUFS_SUFFIX, PART_SUFFIX = "_run", "_par", "_bufs", "_part"
 BODY_DEFINITION = re.compile(r'^define internal void @"[^"]*_body"', re.M)  # one per distinct body (body_key)
 # A kernel's buffer table holds its buffers, then one more pointer: the 32-bit word where a kernel
 # that checks (check_sites) sets bit j when check j failed. Each table has its own word, so calls
@@ -73,8 +80,10 @@ NO_UNROLL_MIN_TRIPS = 128  # constant-trip loops this long are not unrolled (see
 
 
 class KernelCodegen:
-    def __init__(self, module: ir.Module, kernel: Kernel, whole: bool = False, openmp: bool = False):
-        self.module, self.k, self.whole, self.openmp = module, kernel, whole, openmp
+    def __init__(self, module: ir.Module, kernel: Kernel, whole: bool = False, openmp: bool = False,
+                 sized: bool = False):
+        """`sized`: the kernel is part of a program over symbolic sizes (no global table, <name>_part)."""
+        self.module, self.k, self.whole, self.openmp, self.sized = module, kernel, whole, openmp, sized
         self.vars: dict = {}
         self.scopes: list[dict] = []
         self.accs: dict = {}
@@ -83,6 +92,18 @@ class KernelCodegen:
         self.sites = check_sites(kernel)
         self.columns = columns(kernel)  # a reduction down columns (columns.py): no prestores there
         self.prestores, self.finish = ({}, set()) if self.columns else _prestores(kernel)
+        self.symbols = kernel_symbols(kernel)  # sizes read at run time (ir/sym.py), in the sizes array's order
+        self.sizes: dict = {}  # size expression (repr) -> its value, computed in the entry block
+
+    def size(self, x):
+        """An extent, coefficient or divisor: a constant, or computed once from the symbols."""
+        if not isinstance(x, sym.Sym):
+            return I64(x)
+        key = repr(x)
+        if key not in self.sizes:
+            with self.b.goto_block(self.entry):
+                self.sizes[key] = emit_sym(self.b, x, self.symvals)
+        return self.sizes[key]
 
     # -- values ------------------------------------------------------------------------------------
     def lookup(self, e: KExpr):
@@ -102,12 +123,13 @@ class KernelCodegen:
                 v = b.sext(v, I64) if v.type != I64 else v
             else:
                 inner = self.index(atom.expr)
-                v = b.sdiv(inner, I64(atom.c)) if atom.kind == "div" else b.srem(inner, I64(atom.c))
-            term = v if c == 1 else b.mul(v, I64(c))
+                d = self.size(atom.c)
+                v = b.sdiv(inner, d) if atom.kind == "div" else b.srem(inner, d)
+            term = v if isinstance(c, int) and c == 1 else b.mul(v, self.size(c))
             total = term if total is None else b.add(total, term)
         if total is None:
-            return I64(e.const)
-        return b.add(total, I64(e.const)) if e.const else total
+            return self.size(e.const)
+        return b.add(total, self.size(e.const)) if not (isinstance(e.const, int) and e.const == 0) else total
 
     def value(self, e: KExpr):
         hit = self.lookup(e)
@@ -162,7 +184,7 @@ class KernelCodegen:
         if not self.whole:
             first = (start, end)
             if pc.pos == 0:
-                b, lo, hi = self.b, I64(pc.lo), I64(pc.hi)
+                b, lo, hi = self.b, self.size(pc.lo), self.size(pc.hi)
                 s = b.select(b.icmp_signed(">", start, lo), start, lo)
                 e = b.select(b.icmp_signed("<", end, hi), end, hi)
                 first = (b.sub(s, lo), b.sub(e, lo))
@@ -183,8 +205,8 @@ class KernelCodegen:
             body()
             self.scopes.pop()
             return
-        lo, hi = first_range or (I64(0), I64(vs[0].size))
-        self.loop(lo, hi, vs[0].name, lambda: self.nest(vs[1:], body), vs[0].size)
+        lo, hi = first_range or (I64(0), self.size(vs[0].size))
+        self.loop(lo, hi, vs[0].name, lambda: self.nest(vs[1:], body), sym.hint(vs[0].size))
 
     # -- reductions --------------------------------------------------------------------------------
     def stage(self, reds) -> None:
@@ -296,9 +318,13 @@ class KernelCodegen:
         wrapper = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), k.name)
         wb = ir.IRBuilder(wrapper.append_basic_block("entry"))
         bufs = wrapper.args[0]
-        ptrs = [wb.load(wb.gep(bufs, [I64(i)], source_etype=PTR), typ=PTR) for i in range(nb + 1)]
+        ptrs = [wb.load(wb.gep(bufs, [I64(i)], source_etype=PTR), typ=PTR) for i in range(nb + 1 + bool(self.symbols))]
         wb.call(fn, ptrs + [wrapper.args[1], wrapper.args[2]])
         wb.ret_void()
+        if self.sized:  # no global table: each program instance passes its own (runtime/sized.py)
+            if self.openmp:
+                self.parallel(wrapper, None)
+            return
         if self.whole or self.openmp:  # the buffers (and the flag word's address) in the global <name>_bufs
             table = ir.GlobalVariable(self.module, ir.ArrayType(PTR, nb + 1), k.name + BUFS_SUFFIX)
             table.initializer = ir.Constant(table.value_type, None)
@@ -314,7 +340,8 @@ class KernelCodegen:
         """<name>_body(ptr noalias b0, ..., ptr flags, i64 start, i64 end): the loop nest."""
         k = self.k
         nb = len(k.buffers)
-        body_ty = ir.FunctionType(ir.VoidType(), [PTR] * (nb + 1) + [I64, I64])  # buffers, flag word, range
+        extra = bool(self.symbols)  # the sizes array, after the flag word
+        body_ty = ir.FunctionType(ir.VoidType(), [PTR] * (nb + 1 + extra) + [I64, I64])  # buffers, flags, range
         fn = ir.Function(self.module, body_ty, k.name + "_body")
         fn.linkage = "internal"
         for a in fn.args[:nb]:
@@ -324,7 +351,13 @@ class KernelCodegen:
         self.b = ir.IRBuilder(start_bb)
         self.ops = Ops(self.b, self.module, self)
         self.ptrs = fn.args[:nb]
-        flag_word, start, end = fn.args[nb], fn.args[nb + 1], fn.args[nb + 2]
+        flag_word, start, end = fn.args[nb], fn.args[nb + 1 + extra], fn.args[nb + 2 + extra]
+        self.symvals = {}
+        if extra:
+            with self.b.goto_block(self.entry):
+                for i, name in enumerate(self.symbols):
+                    self.symvals[name] = self.b.load(self.b.gep(fn.args[nb + 1], [I64(i)], source_etype=I64),
+                                                     typ=I64, name=name)
         outer = list(k.outer)
 
         def row():
@@ -358,7 +391,9 @@ class KernelCodegen:
 
     def parallel(self, wrapper, table) -> None:
         """<name>_par(i32 threads): GOMP_parallel runs <name>_omp on each thread of a team (the caller
-        included), and each runs its share [ext*t/n, ext*(t+1)/n) of the outer range."""
+        included), and each runs its share [ext*t/n, ext*(t+1)/n) of the outer range. With `table`
+        None (a kernel over symbolic sizes) it is <name>_part(i32 threads, ptr table): the table
+        travels as GOMP's data pointer and the extent is computed from its sizes array."""
         m, k = self.module, self.k
 
         def extern(name, ty):
@@ -370,14 +405,25 @@ class KernelCodegen:
         task.linkage = "internal"
         b = ir.IRBuilder(task.append_basic_block("entry"))
         t, n = b.sext(b.call(thread_num, []), I64), b.sext(b.call(num_threads, []), I64)
-        ext = I64(outer_extent(k))
+        data = table if table is not None else task.args[0]
+        if table is None and self.symbols:
+            sizes = b.load(b.gep(data, [I64(len(k.buffers) + 1)], source_etype=PTR), typ=PTR)
+            vals = {s: b.load(b.gep(sizes, [I64(i)], source_etype=I64), typ=I64) for i, s in enumerate(self.symbols)}
+            ext = emit_sym(b, outer_extent(k), vals) if isinstance(outer_extent(k), sym.Sym) else I64(outer_extent(k))
+        else:
+            ext = I64(outer_extent(k))
         lo = b.sdiv(b.mul(ext, t), n)
         hi = b.sdiv(b.mul(ext, b.add(t, I64(1))), n)
-        b.call(wrapper, [table, lo, hi])
+        b.call(wrapper, [data, lo, hi])
         b.ret_void()
-        par = ir.Function(m, ir.FunctionType(ir.VoidType(), [I32]), k.name + PAR_SUFFIX)
-        b = ir.IRBuilder(par.append_basic_block("entry"))
-        b.call(gomp, [task, ir.Constant(PTR, None), par.args[0], I32(0)])
+        if table is None:
+            par = ir.Function(m, ir.FunctionType(ir.VoidType(), [I32, PTR]), k.name + PART_SUFFIX)
+            b = ir.IRBuilder(par.append_basic_block("entry"))
+            b.call(gomp, [task, par.args[1], par.args[0], I32(0)])
+        else:
+            par = ir.Function(m, ir.FunctionType(ir.VoidType(), [I32]), k.name + PAR_SUFFIX)
+            b = ir.IRBuilder(par.append_basic_block("entry"))
+            b.call(gomp, [task, ir.Constant(PTR, None), par.args[0], I32(0)])
         b.ret_void()
 
 
@@ -405,9 +451,56 @@ def _uses(e: KExpr, names: set) -> bool:
                for x in walk([e]))
 
 
-def outer_extent(k: Kernel) -> int:
-    """Iterations of the first outer loop: the range the runtime splits across threads."""
+def outer_extent(k: Kernel):
+    """Iterations of the first outer loop: the range the runtime splits across threads (an int, or
+    a symbolic size)."""
     return k.outer[0].size if k.outer else 1
+
+
+def emit_sym(b, x, vals: dict):
+    """LLVM code computing size expression x (ir/sym.py) from the symbols' values `vals` (name -> i64)."""
+    if not isinstance(x, sym.Sym):
+        return I64(x)
+    total = I64(x.const) if x.const else None
+    for mono, c in x.terms:
+        v = None
+        for a in mono:
+            if isinstance(a, str):
+                f = vals[a]
+            else:
+                num, d = emit_sym(b, a.arg, vals), emit_sym(b, a.d, vals)
+                f = b.sdiv(num, d) if a.kind == "div" else b.srem(num, d)
+            v = f if v is None else b.mul(v, f)
+        v = v if c == 1 else b.mul(v, I64(c))
+        total = v if total is None else b.add(total, v)
+    return total
+
+
+def kernel_symbols(k: Kernel) -> list:
+    """The symbolic sizes kernel k reads at run time, sorted: its loop extents, index coefficients
+    and divisors, and the sizes its gathers check against."""
+    found: set = set()
+
+    def expr(e: Expr):
+        found.update(sym.free_symbols(e.const))
+        for a, c in e.terms:
+            found.update(sym.free_symbols(c))
+            if not isinstance(a, Var) and a.kind != "data":
+                found.update(sym.free_symbols(a.c))
+                expr(a.expr)
+            elif isinstance(a, Var):
+                found.update(sym.free_symbols(a.size))
+    for v in k.outer + k.inner:
+        found.update(sym.free_symbols(v.size))
+    for e in k.exprs():
+        for name in ("index", "expr"):
+            if isinstance(e.attrs.get(name), Expr):
+                expr(e.attrs[name])
+        if isinstance(e.attrs.get("size"), sym.Sym):
+            found.update(sym.free_symbols(e.attrs["size"]))
+    for st in k.inner_stores + k.outer_stores:
+        expr(st.index)
+    return sorted(found)
 
 
 def body_key(k: Kernel, whole: bool) -> str:
@@ -421,19 +514,20 @@ def body_key(k: Kernel, whole: bool) -> str:
 
 
 def generate_module(kernels, name: str = "minicomp", whole=lambda k: False,
-                    openmp: bool = False) -> tuple[str, list[Kernel]]:
+                    openmp: bool = False, sized: bool = False) -> tuple[str, list[Kernel]]:
     """LLVM IR text for all kernels of a graph; returns (text, the collapsed kernels). `whole(k)` says
     whether the runtime always calls collapsed kernel k over its whole outer range (never split);
-    `openmp`: the others split their range on an OpenMP team (<name>_par). Kernels with one body_key
+    `openmp`: the others split their range on an OpenMP team (<name>_par). `sized`: a program over
+    symbolic sizes, whose kernels all take their table as an argument (<name>_part). Kernels with one body_key
     share one <name>_body, which is then kept out of line (`noinline`): inlined into each caller,
     LLVM would optimize and emit the loop nest once per caller again."""
     module = ir.Module(name)
     out, bodies = [], {}
     for k in kernels:
         k = collapse(k)
-        w = whole(k)
+        w = not sized and whole(k)
         key = body_key(k, w)
-        cg = KernelCodegen(module, k, w, openmp and not w)
+        cg = KernelCodegen(module, k, w, openmp and not w, sized)
         shared = bodies.get(key)
         cg.generate(shared)
         if shared is None:

@@ -49,7 +49,7 @@ def _load(o, a, adt, at):
 def _clamp_index(o, a, adt, at):
     g, b = o.gen, o.b
     i = a[0] if a[0].type == I64 else b.sext(a[0], I64)
-    size = I64(at["size"])
+    size = g.size(at["size"])
     low, high = b.icmp_signed("<", i, I64(0)), b.icmp_signed(">=", i, size)
     bad = b.or_(low, high)
     if at.get("guard") is not None:  # a cat part read where it is not selected

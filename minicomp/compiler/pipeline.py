@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from ..ir import Graph, round_trip, verify
+from ..ir import Graph, round_trip, sym, verify
 from .passes import cse, dce, fold_constants, fuse, plan_memory, simplify_views, split_reductions
 
 TENSOR_PASSES = [
@@ -33,6 +33,11 @@ def passes(ctx) -> list:
 def run_passes(graph: Graph, ctx) -> Graph:
     """ctx: has .options (verify flag), .dump (a Dumper) and .kernel_ops; passes may read more from it.
     Each pass's milliseconds (verification included) go to ctx.phases_ms where ctx has one."""
+    with sym.scope(graph.sizes):
+        return _run(graph, ctx)
+
+
+def _run(graph: Graph, ctx) -> Graph:
     times = getattr(ctx, "phases_ms", {})
     for name, fn in passes(ctx):
         t0 = time.perf_counter()

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..backends.layout import CONTIGUOUS_TORCH_OPS, meta_of
+from ..ir import sym
 from ..ir import OPS, Graph, Node
 from .kernelize import KernelBuilder, NotFusable, prefix_reshape
 
@@ -213,8 +214,8 @@ def _view_copies(chain: list, base: Node, kernel_ops) -> bool:
     if base.op not in ("input", "constant", *CONTIGUOUS_TORCH_OPS) and runs_in_torch(base, kernel_ops):
         return False
     root = t = meta_of(base)
-    for v in reversed(chain):
-        t = OPS[v.op].ref([t], v.attrs, "meta")
+    for v in reversed(chain):  # over symbolic sizes, at the hints
+        t = OPS[v.op].ref([t], sym.hinted(v.attrs), "meta")
     return not (t._is_view() and t._base is root)
 
 

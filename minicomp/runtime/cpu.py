@@ -30,6 +30,7 @@ from . import cache
 _KERNEL_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 _RUN_T = ctypes.CFUNCTYPE(None)
 _PAR_T = ctypes.CFUNCTYPE(None, ctypes.c_int32)
+_PART_T = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_void_p)
 _OPENMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
 _lock = threading.Lock()
 _state: dict = {}
@@ -173,10 +174,12 @@ class KernelLaunch:
     at the same time as this one (runtime/program.py)."""
 
     def __init__(self, fn_addr: int, slots: list, extent: int, name: str, mode: str = "whole",
-                 entry: int | None = None, bufs: int | None = None, sites: tuple = ()):
+                 entry: int | None = None, bufs: int | None = None, sites: tuple = (), sizes=None):
         """`entry`: the address of <name>_run ("whole") or <name>_par ("openmp"), which read the
         module's global table at `bufs` (<name>_bufs); mode "args" calls <name>(table, 0, extent)
-        with a table of its own, "chunks" splits that call over our thread pool."""
+        with a table of its own, "chunks" splits that call over our thread pool, "part" calls
+        <name>_part(threads, table) (a kernel over symbolic sizes on the OpenMP team). `sizes`: the
+        int64 array of the symbol values such a kernel reads (its table's last entry points to it)."""
         self.fn_addr, self.fn = fn_addr, _KERNEL_T(fn_addr)
         self.failed = ctypes.c_int32(0) if sites else None
         self.sites = sites
@@ -184,11 +187,16 @@ class KernelLaunch:
         self.mode = mode
         self.run = _RUN_T(entry) if mode == "whole" else None
         self.par = _PAR_T(entry) if mode == "openmp" else None
-        n = len(slots) + 1
+        self.part = _PART_T(entry) if mode == "part" else None
+        self.entry = entry
+        n = len(slots) + 1 + (sizes is not None)
         self.ptrs = (ctypes.c_void_p * n).from_address(bufs) if bufs is not None else (ctypes.c_void_p * n)()
         self.ptrs_addr = ctypes.addressof(self.ptrs)
         if self.failed is not None:
             self.ptrs[len(slots)] = ctypes.addressof(self.failed)
+        self.sizes = sizes
+        if sizes is not None:
+            self.ptrs[len(slots) + 1] = ctypes.addressof(sizes)
         self.extent = extent
         self.name = name
         self.threads = min(threads(), extent)  # "chunks": fixed now; "openmp": read again at each call
@@ -203,7 +211,7 @@ class KernelLaunch:
         """This launch with its own pointer table and flag word: the whole range in one call on the
         calling thread (several calls already run side by side), or our pool's chunks as before."""
         mode = "chunks" if self.mode == "chunks" else "args"
-        return KernelLaunch(self.fn_addr, self.slots, self.extent, self.name, mode, sites=self.sites)
+        return KernelLaunch(self.fn_addr, self.slots, self.extent, self.name, mode, sites=self.sites, sizes=self.sizes)
 
     def emit(self, k: int, v, ns: dict) -> list:
         """The generated call's lines for this launch (runtime/program.py): fill the pointers, call the kernel."""
@@ -214,6 +222,9 @@ class KernelLaunch:
         if self.mode == "args":
             ns[f"F{k}"] = self.fn
             return lines + [f"F{k}({self.ptrs_addr}, 0, {self.extent})"]
+        if self.mode == "part":
+            ns[f"R{k}"] = self.part
+            return lines + [f"R{k}(threads(), {self.ptrs_addr})"]
         return lines + [f"R{k}()" if self.run is not None else f"R{k}(threads())"]
 
     def prefill(self, fixed) -> None:
@@ -231,6 +242,8 @@ class KernelLaunch:
     def launch(self) -> None:
         if self.run is not None:
             self.run()
+        elif self.part is not None:
+            self.part(threads(), self.ptrs_addr)
         elif self.par is not None:
             # torch's setting at each call, as its own ops read it: torch.set_num_threads(1) in a
             # forked worker (a DataLoader's) keeps this call off the parent's OpenMP threads

@@ -10,7 +10,7 @@ counterpart of a CUDA Graph replay). Profiling (options.profile) and a torch.pro
 same function with a clock read around each step, or each step inside a record_function of its
 name (such a program's one native call taken apart into its kernels' calls): what is timed is what
 runs unprofiled. overhead.py times the call's phases the same way (Executor.phased).
-Intermediates kernels write live in one arena (planned by compiler/passes/plan_memory.py); graph
+Intermediates kernels write live in one arena (planned by backends/arena.py); graph
 outputs are fresh tensors each call. On the CPU a big output's memory is recycled once the caller has
 dropped every reference to it (see Recycler): fresh pages from the OS cost a page fault and zeroing
 each, which for a 64 MB output takes longer than the kernel that fills it.

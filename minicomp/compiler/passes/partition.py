@@ -280,7 +280,7 @@ def _backward(graph: Graph, n_fwd: int, saved: list, recomputed: list) -> tuple[
         origin[c] = n
         nodes.append(c)
     outs = [None if o is None else copies[o] for o in graph.outputs[n_fwd:]]
-    return Graph(f"{graph.name}_backward", inputs, nodes, outs, graph.constants), origin
+    return Graph(f"{graph.name}_backward", inputs, nodes, outs, graph.constants, graph.sizes), origin
 
 
 def split(graph: Graph, n_fwd: int, saved: list, recomputed: list) -> tuple[Graph, Graph]:
@@ -294,7 +294,7 @@ def split(graph: Graph, n_fwd: int, saved: list, recomputed: list) -> tuple[Grap
         if n in live:
             live.update(n.args)
     fw = Graph(f"{graph.name}_forward", [x for x in graph.inputs if x not in tangents],
-               [n for n in graph.nodes if n in live], fw_out, graph.constants)
+               [n for n in graph.nodes if n in live], fw_out, graph.constants, graph.sizes)
     return fw, _backward(graph, n_fwd, saved, recomputed)[0]
 
 

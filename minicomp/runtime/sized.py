@@ -1,0 +1,66 @@
+"""A program over symbolic sizes: one compile, run at every size, with an instance per call size.
+
+The kernels are compiled once, over symbolic extents (codegen reads the sizes at run time). What
+does depend on the size -- output and arena shapes, the arena's layout, views' strides, each
+kernel's thread split -- is laid out per size: a call binds the symbols from its inputs' shapes
+and runs the Program instance for those sizes, made the first time they arrive (a concrete copy of
+the graph planned and assembled as a static program is, over the same machine code: a few
+milliseconds, no code generation) and kept, the most recently used MAX_INSTANCES of them.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+
+class SizedProgram:
+    """`where`: for each symbol, (input position, dimension) it is read from; `make(values)`: the
+    Program for sizes `values` (symbol name -> int)."""
+
+    MAX_INSTANCES = 64
+
+    def __init__(self, where: dict, make, keepalive=None):
+        self.names = list(where)
+        self.where = [where[s] for s in self.names]
+        self.make = make
+        self.keepalive = keepalive  # the machine code every instance runs
+        self.instances: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
+        self.built = 0  # instances made (a new size each)
+        self._lock = threading.Lock()
+        self._released = False
+        self.last = None
+
+    def instance(self, inputs):
+        key = tuple(inputs[i].shape[d] for i, d in self.where)
+        prog = self.instances.get(key)
+        if prog is None:
+            with self._lock:
+                prog = self.instances.get(key)
+                if prog is None:
+                    if self._released:
+                        raise RuntimeError("minicomp: this program was released with the compiled callable that owned it")
+                    prog = self.make(dict(zip(self.names, key)))
+                    self.instances[key] = prog
+                    self.built += 1
+                    while len(self.instances) > self.MAX_INSTANCES:
+                        self.instances.popitem(last=False)[1].release()
+        self.last = prog
+        return prog
+
+    def __call__(self, *inputs):
+        return self.instance(inputs)(*inputs)
+
+    def release(self) -> None:
+        with self._lock:
+            self._released = True
+            for prog in self.instances.values():
+                prog.release()
+            self.instances.clear()
+            self.keepalive = self.last = None
+
+    def __getattr__(self, name):
+        # what tools read of a Program (primary(), steps, source) is the last instance's
+        last = self.__dict__.get("last")
+        if last is None:
+            raise AttributeError(name)
+        return getattr(last, name)
