@@ -8,6 +8,13 @@ arguments, train/eval mode), each traced through a fresh copy of a small trampol
 and with `isolate_recompiles`, so its Dynamo cache, including the frames Dynamo resumes in after a
 graph break inside the user's code, is its own. Whatever still runs eagerly is named in the
 report and logged, never silent.
+
+Sizes that change (dynamic="auto", the default): the first call compiles a static program; a later
+call whose signature differs from a compiled one only in some tensors' sizes compiles one program
+with exactly those dimensions symbolic (Dynamo's maybe_mark_dynamic; its ShapeEnv keeps the guards),
+which then serves every size of them -- the signature table keys it with those sizes left out.
+dynamic=True makes every dimension symbolic from the first call; dynamic=False compiles a program per
+signature, as Dynamo's static mode does.
 """
 from __future__ import annotations
 
@@ -64,12 +71,14 @@ class _NoMode:
 _NO_MODE = _NoMode()
 
 
-def _fast_path(model, key, args, program):
+def _fast_path(model, key, args, program, dims=frozenset()):
+    """`dims`: the (argument, dimension) pairs the program takes at any size."""
     if _TensorGuards is None or key[0] != "tensors":
         return None
     try:
-        guards = _TensorGuards(*args, dynamic_dims_sizes=[list(x.shape) for x in args],
-                               dynamic_dims_strides=[list(x.stride()) for x in args])
+        sizes = [[None if (i, d) in dims else s for d, s in enumerate(x.shape)] for i, x in enumerate(args)]
+        strides = [[None if any(a == i for a, _ in dims) else s for s in x.stride()] for i, x in enumerate(args)]
+        guards = _TensorGuards(*args, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
     except Exception:  # a tensor the C++ check does not take: the Python signature still works
         return None
     owner = model if isinstance(model, torch.nn.Module) else _NO_MODE
@@ -109,6 +118,42 @@ def _signature(model, args, kwargs) -> tuple:
     return tuple(key)
 
 
+def _changed_dims(a: tuple, b: tuple):
+    """The (argument, dimension) pairs where two tensors-only signatures differ in size, when they
+    differ in nothing else (dtypes, devices, ranks, grad mode, contiguity); else None."""
+    if a[0] != "tensors" or b[0] != "tensors" or len(a) != len(b) or a[:3] != b[:3]:
+        return None
+    dims = set()
+    for i, (x, y) in enumerate(zip(a[3:], b[3:])):
+        if x[2:] != y[2:] or len(x[0]) != len(y[0]):
+            return None
+        dims.update((i, d) for d, (p, q) in enumerate(zip(x[0], y[0])) if p != q)
+        if _contiguous(x) != _contiguous(y):
+            return None
+    return frozenset(dims) or None
+
+
+def _contiguous(entry) -> bool:
+    shape, stride = entry[0], entry[1]
+    want = 1
+    for s, st in reversed(list(zip(shape, stride))):
+        if s != 1 and st != want:
+            return False
+        want *= s
+    return True
+
+
+def _wild(key: tuple, dims: frozenset) -> tuple:
+    """A tensors-only signature with the sizes of `dims` (and those tensors' strides) left out."""
+    out = list(key[:3])
+    for i, (shape, stride, *rest) in enumerate(key[3:]):
+        if any(a == i for a, _ in dims):
+            shape = tuple(None if (i, d) in dims else s for d, s in enumerate(shape))
+            stride = _contiguous((key[3 + i][0], stride))
+        out.append((tuple(shape), stride, *rest))
+    return ("dynamic", frozenset(dims), *out)
+
+
 def _describe(args, kwargs) -> str:
     """A call's signature as a user reads it: `(f32[4, 8] grad, i64[4], 2)`."""
     def one(x):
@@ -137,7 +182,7 @@ class CompiledModule:
     so chaining never drops compilation. It is not an nn.Module: register the model, not this."""
 
     _OWN = frozenset({"model", "options", "_report", "_programs", "_fast", "_warned_limit", "_lock", "__wrapped__",
-                      "__doc__"})
+                      "__doc__", "_patterns"})
 
     def __init__(self, model, options: Options):
         self.model = model
@@ -145,6 +190,7 @@ class CompiledModule:
         self._report = Report()
         self._programs: dict = {}  # signature -> (program, _Fast or None)
         self._fast: _Fast | None = None
+        self._patterns: list = []  # the dimension sets of the symbolic programs (signature table keys: _wild)
         self._warned_limit = False
         self._lock = threading.Lock()  # one compile at a time: threads racing on a new signature build it once
         # Dynamo keeps what it compiled alive after this callable is gone (its caches hang off code
@@ -159,19 +205,40 @@ class CompiledModule:
                 and fast.owner.training is fast.training and fast.guards.check(*args)):
             return fast.program(*args)
         key = _signature(self.model, args, kwargs)
-        entry = self._programs.get(key)
+        entry = self._programs.get(key) or self._symbolic_program(key)
         if entry is None:
             with self._lock:
-                entry = self._programs.get(key)  # another thread may have compiled it meanwhile
+                entry = self._programs.get(key) or self._symbolic_program(key)  # another thread's compile
                 if entry is None:
                     if len(self._programs) >= self.options.max_programs:
                         self._note_limit(args, kwargs)
                         return self.model(*args, **kwargs)
-                    return self._compile_and_run(key, args, kwargs)
+                    return self._compile_and_run(key, args, kwargs, self._dims_for(key, args))
         program, fast = entry
         if fast is not None:
             self._fast = fast
         return program(*args, **kwargs)
+
+    def _symbolic_program(self, key):
+        for dims in self._patterns:
+            entry = self._programs.get(_wild(key, dims))
+            if entry is not None:
+                return entry
+        return None
+
+    def _dims_for(self, key, args):
+        """The dimensions a new signature's program takes symbolic: with dynamic="auto", those where it
+        differs in size from a signature compiled before (every one with dynamic=True)."""
+        dynamic = self.options.dynamic
+        if dynamic is False or key[0] != "tensors":
+            return frozenset()
+        if dynamic is True:
+            return frozenset((i, d) for i, x in enumerate(args) for d in range(x.dim()))
+        for other in self._programs:
+            dims = _changed_dims(other, key) if other[0] == "tensors" else None
+            if dims:
+                return dims
+        return frozenset()
 
     def _note_limit(self, args, kwargs):
         if not self._warned_limit:  # the first miss is named; later ones go to the debug log
@@ -187,13 +254,15 @@ class CompiledModule:
             log.warning("minicomp: %s", msg)
             self._report.eager.append(msg)
 
-    def _compile_and_run(self, key, args, kwargs):
+    def _compile_and_run(self, key, args, kwargs, dims=frozenset()):
         backend = make_backend(self.options, self._report)
         # Static shapes: the first call, which traces every frame it reaches, turns automatic dynamic
         # shapes off (Dynamo's frame state can outlive one program). Not dynamic=False: that patches
         # the config on every call (~4 us); a later recompile that still goes dynamic runs in torch.
         program = torch.compile(_trampoline(self.model), backend=backend, **_ISOLATE)
         before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs) + len(self._report.eager)
+        for i, d in dims:  # these sizes vary: symbolic in this program (Dynamo may still specialize one)
+            torch._dynamo.maybe_mark_dynamic(args[i], d)
         try:
             with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True):
                 out = program(*args, **kwargs)
@@ -208,7 +277,10 @@ class CompiledModule:
         if len(self._report.graphs) + len(self._report.eager) == graphs_before:
             self._eager(f"no graph captured for call signature #{len(self._programs)} (nothing to compile, "
                         "or Dynamo skipped the frame): it runs eagerly")
-        fast = _fast_path(self.model, key, args, program)
+        fast = _fast_path(self.model, key, args, program, dims)
+        if dims:
+            key = _wild(key, dims)
+            self._patterns.append(dims)
         self._programs[key] = (program, fast)
         if fast is not None:
             self._fast = fast
@@ -261,12 +333,13 @@ def _release(runs: list) -> None:
 
 def compile(model_or_fn, *, backend: str = "auto", debug=False, remat: bool = True, cuda_graphs: bool = True,
             strict: bool = False, max_programs: int = 8, recycle_outputs: bool = True,
-            remat_budget: float | None = None) -> CompiledModule:
+            remat_budget: float | None = None, dynamic="auto") -> CompiledModule:
     """Compile an nn.Module or a function of tensors. See README for the options and debug flags.
     Compiling a CompiledModule again compiles the model it wraps, with the new options."""
     if isinstance(model_or_fn, CompiledModule):
         model_or_fn = model_or_fn.model
     if not callable(model_or_fn):
         raise TypeError(f"minicomp.compile wants a module or function, got {type(model_or_fn).__name__}")
-    options = Options.make(backend, debug, remat, cuda_graphs, strict, max_programs, recycle_outputs, remat_budget)
+    options = Options.make(backend, debug, remat, cuda_graphs, strict, max_programs, recycle_outputs, remat_budget,
+                           dynamic)
     return CompiledModule(model_or_fn, options)

@@ -41,17 +41,21 @@ class Options:
     recycle_outputs: bool = True    # CPU: reuse a big output's memory once the caller drops it
     remat_budget: Optional[float] = None  # training: saved activations at most this fraction of remat=False's
     profile: bool = False           # time every step of every program (MINICOMP_PROFILE=1; explain())
+    dynamic: Union[bool, str] = "auto"  # "auto": static first, a changing size makes its dimension symbolic
 
     @staticmethod
     def make(backend: str = "auto", debug: Union[bool, int, str] = False, remat: bool = True,
              cuda_graphs: bool = True, strict: bool = False, max_programs: int = 8,
-             recycle_outputs: bool = True, remat_budget: Optional[float] = None) -> "Options":
+             recycle_outputs: bool = True, remat_budget: Optional[float] = None,
+             dynamic: Union[bool, str] = "auto") -> "Options":
         if backend not in BACKENDS:
             raise ValueError(f"minicomp: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if remat_budget is not None and (isinstance(remat_budget, bool) or not isinstance(remat_budget, (int, float))
                                          or not 0 < remat_budget <= 1):
             raise ValueError(f"minicomp: remat_budget={remat_budget!r}: want a fraction of remat=False's saved "
                              "bytes in (0, 1], or None")
+        if dynamic not in (True, False, "auto"):
+            raise ValueError(f"minicomp: dynamic={dynamic!r}: want \"auto\", True or False")
         if remat_budget is not None and not remat:
             raise ValueError("minicomp: remat_budget asks for rematerialization; it cannot go with remat=False")
         level = int(os.environ.get("MINICOMP_DEBUG", "0") or 0)
@@ -65,7 +69,7 @@ class Options:
         verify = level > 0 or os.environ.get("MINICOMP_VERIFY", "") == "1"
         return Options(backend, level, dump_dir, remat, cuda_graphs, strict, max_programs, verify, recycle_outputs,
                        None if remat_budget is None else float(remat_budget),
-                       os.environ.get("MINICOMP_PROFILE", "") == "1")
+                       os.environ.get("MINICOMP_PROFILE", "") == "1", dynamic)
 
 
 DEFAULT_CACHE_MAX_MB = 1024

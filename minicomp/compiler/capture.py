@@ -22,12 +22,12 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-from ..ir import verify
+from ..ir import sym, verify
 from ..options import Options
 from ..report import GraphReport, Report
 from . import graph_cache
 from .debug import Dumper, Progress
-from .frontend import lower
+from .frontend import lower, tensor_positions
 from .pipeline import run_passes
 from .training import make_partition
 
@@ -46,6 +46,37 @@ log = logging.getLogger("minicomp")
 def _symbolic(example_inputs) -> bool:
     return any(isinstance(x, torch.SymInt) or isinstance(x, torch.Tensor)
                and not all(isinstance(s, int) for s in x.shape) for x in example_inputs)
+
+
+def _size_env(example_inputs, report_guards: list):
+    """The SymEnv a symbolic graph compiles in: each symbol's range and hint from Dynamo's ShapeEnv,
+    and every guard minicomp's decisions make handed back to that ShapeEnv (evaluated on the inputs'
+    SymInts), so Dynamo checks it before each call like its own. Returns (env, sizes for the Graph)."""
+    from torch._guards import detect_fake_mode
+    fake = detect_fake_mode(example_inputs)
+    shape_env = getattr(fake, "shape_env", None)
+    symints: dict = {}
+    for x in example_inputs:
+        dims = [x] if isinstance(x, torch.SymInt) else list(x.shape) if isinstance(x, torch.Tensor) else []
+        for d in dims:
+            if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
+                symints.setdefault(d.node.expr.name, d)
+    sizes = {}
+    hints = getattr(shape_env, "backed_var_to_val", None) or getattr(shape_env, "var_to_val", {})
+    for name, d in symints.items():
+        expr = d.node.expr
+        vr = shape_env.var_to_range.get(expr) if shape_env is not None else None
+        lo = int(vr.lower) if vr is not None and vr.lower.is_Integer else 0
+        hi = int(vr.upper) if vr is not None and vr.upper.is_Integer else None  # int_oo: unbounded
+        hint = hints.get(expr, d.node.hint)
+        sizes[name] = (lo, hi, int(hint) if hint is not None else sym.DEFAULT_HINT)
+
+    def on_guard(g):
+        report_guards.append(str(g))
+        if symints:
+            lhs, rhs = sym.evaluate(g.lhs, symints), sym.evaluate(g.rhs, symints)
+            bool(sym.OPS[g.op](lhs, rhs))  # recorded in the ShapeEnv as a guard Dynamo checks
+    return sym.env_for(sizes, on_guard), sizes
 
 
 @dataclass
@@ -117,20 +148,20 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
     enabled = gc.isenabled()
     gc.disable()
     try:
+        if cached is None and _symbolic(example_inputs):  # sizes that vary: one program for all of them
+            guards: list = []
+            env, sizes = _size_env(example_inputs, guards)
+            with sym.using(env):
+                return _compile(gm, example_inputs, options, report, kind, None, None, sizes, guards)
         return _compile(gm, example_inputs, options, report, kind, cache_key, cached)
     finally:
         if enabled:
             gc.enable()
 
 
-def _compile(gm, example_inputs, options: Options, report: Report, kind: str, cache_key, cached):
-    from ..backends import build, resolve_backend  # backends import codegen/runtime lazily
-    if cached is None and _symbolic(example_inputs):  # minicomp.compile traces static; a recompile made a dimension dynamic
-        msg = (f"{kind} graph with symbolic shapes (Dynamo made a dimension dynamic when a guard failed): "
-               "it runs in torch")
-        log.warning("minicomp: %s", msg)
-        report.eager.append(msg)
-        return make_boxed_func(gm)
+def _compile(gm, example_inputs, options: Options, report: Report, kind: str, cache_key, cached,
+             sizes=None, guards=None):
+    from ..backends import build, resolve_backend, symbolic_kernels  # backends import codegen/runtime lazily
     devices = {str(x.device.type) for x in example_inputs if isinstance(x, torch.Tensor)}
     if devices - {"cpu", "cuda"}:  # meta, mps, xpu...: torch runs them as eager would
         msg = (f"{kind} graph on {', '.join(sorted(devices - {'cpu', 'cuda'}))} tensors: minicomp compiles CPU "
@@ -146,11 +177,13 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
     if isinstance(cached, Built):
         graph, fx_nodes, externs, ctx.arena_bytes, ctx.remat_bytes_saved, ctx.artifacts = cached
         plain, hit = True, "memo"
+        run, detail = build(graph, ctx, backend)
+        size_outputs = {}
     else:
         if cached is None:
             ctx.dump.stage("fx", lambda: gm.print_readable(print_output=False), level=3)
             t_lower = time.perf_counter()
-            graph, _ = lower(gm, name, options.strict)
+            graph, _ = lower(gm, name, options.strict, sizes)
             ctx.phases_ms["lower"] = _ms(time.perf_counter() - t_lower)
             fx_nodes = len(gm.graph.nodes)
             plain, hit = kind == "inference" and graph_cache.plain_wrapper(len(example_inputs)), None
@@ -165,10 +198,14 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
         if options.verify:
             verify(graph)
         externs = [n.attrs["target"] for n in graph.nodes if n.op == "extern"]
+        size_outputs = graph.size_outputs
         progress(f"lowered to {len(graph.nodes)} IR nodes")
-        graph = run_passes(graph, ctx)
-        progress(f"passes done: {sum(n.op == 'kernel' for n in graph.nodes)} kernels")
-    run, detail = build(graph, ctx, backend)
+        if graph.sizes and not symbolic_kernels(backend):  # its code generator takes static sizes only
+            run, detail = _per_size(graph, ctx, backend)
+        else:
+            graph = run_passes(graph, ctx)
+            progress(f"passes done: {sum(n.op == 'kernel' for n in graph.nodes)} kernels")
+            run, detail = build(graph, ctx, backend)
     progress(f"{backend} code generated and loaded")
     if options.profile:  # the least any program of this graph moves: its inputs read, its outputs written once
         detail["min_bytes"] = sum(x.type.nbytes for x in graph.inputs) + sum(
@@ -180,11 +217,16 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
             _built.popitem(last=False)
     if hit is not None:
         detail = {"graph_cache": hit, **detail}
+    if sizes:  # which dimensions are symbolic, and what minicomp's own decisions guarded
+        detail = {**detail, "symbolic": _symbolic_inputs(graph), "guards": list(guards)}
     g = GraphReport(name, kind, backend, fx_nodes, len(graph.nodes), externs, time.perf_counter() - t0, detail,
                     ctx.phases_ms)
     report.graphs.append(g)
     ctx.dump.summary(f"{g}; phases: {g.phases()}")
     log.info("minicomp: %s", g)
+
+    program = run
+    run = _with_sizes(run, tensor_positions(gm), len(example_inputs), graph, size_outputs)
 
     def boxed(args):
         out = run(*args)
@@ -192,8 +234,51 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
         return out
     boxed._boxed_call = True
     boxed.run, boxed.plain = run, plain
-    report.runs.append(run)
+    report.runs.append(program)
     return boxed
+
+
+def _with_sizes(run, positions: list, n_inputs: int, graph, sizes_out: dict):
+    """The program's call with Dynamo's calling convention: sizes among the inputs are dropped (the
+    program reads them from the tensors' shapes), sizes among the outputs (`sizes_out`: position ->
+    size) computed from the inputs."""
+    if len(positions) == n_inputs and not sizes_out:
+        return run
+    types = [x.type.shape for x in graph.inputs]
+
+    def call(*args):
+        tensors = [args[i] for i in positions]
+        out = run(*tensors)
+        if sizes_out:
+            values: dict = {}
+            for shape, t in zip(types, tensors):
+                sym.bind(shape, tuple(t.shape), values)
+            out = list(out)
+            for i, s in sizes_out.items():
+                out[i] = sym.evaluate(s, values)
+        return out
+    return call
+
+
+def _per_size(graph, ctx, backend: str):
+    """A symbolic graph on a backend without symbolic kernels: compiled again at each call size."""
+    from ..backends import build
+    from ..backends.sized import per_size_program
+    sizes = [0]
+    log.warning("minicomp: %s: the %s backend compiles static sizes only; this graph is compiled again for "
+                "each size it is called at", ctx.name, backend)
+
+    def compile_static(g):
+        sizes[0] += 1
+        c = make_context(ctx.options, f"{ctx.name}_size{sizes[0]}", backend, ctx.report)
+        g = run_passes(g, c)
+        return build(g, c, backend)[0]
+    return per_size_program(graph, compile_static)
+
+
+def _symbolic_inputs(graph) -> list:
+    """`x: f32[s0,768]` for each input with a symbolic dimension."""
+    return [f"{x.name}: {x.type}" for x in graph.inputs if x.type.symbolic]
 
 
 def _ms(seconds: float) -> float:

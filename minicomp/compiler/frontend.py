@@ -17,7 +17,8 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import MinicompError, UnsupportedOpError
-from ..ir import Graph, Node, Ref, TensorType, dtype_name
+from ..ir import Graph, Node, Ref, TensorType, dtype_name, sym
+from ..ir.types import dim
 # the lower_* modules fill the lowering table when imported
 from . import lower_index, lower_nn, lower_pointwise, lower_pool, lower_reduce, lower_view  # noqa: F401
 from .lowering import LOWERINGS, Builder, Unsupported
@@ -50,10 +51,12 @@ def _is_multi(typ) -> bool:
     return isinstance(typ, tuple) and not isinstance(typ, TensorType)
 
 
-def _static(val) -> bool:
-    """No symbolic sizes (an unbacked SymInt from nonzero() or .item() would need a guard to read)."""
+def _unbacked(val) -> list:
+    """The data-dependent sizes in a result (an unbacked SymInt from nonzero() or .item(): no hint,
+    no range to decide on); backed symbolic sizes are fine."""
     tensors = [v for v in pytree.tree_leaves(val) if isinstance(v, torch.Tensor)]
-    return all(isinstance(s, int) for t in tensors for s in t.shape)
+    return sorted({str(s) for t in tensors for s in t.shape if isinstance(s, torch.SymInt)
+                   and any(f.name.startswith("u") for f in s.node.expr.free_symbols)})
 
 
 def _complex(val, args, kwargs) -> bool:
@@ -81,8 +84,8 @@ def _extern_value(v, refs: list):
         return type(v)(_extern_value(x, refs) for x in v)
     if isinstance(v, torch.device):
         return str(v)
-    if v is None or isinstance(v, (bool, int, float, str, torch.dtype, torch.layout, torch.memory_format)):
-        return v
+    if v is None or isinstance(v, (bool, int, float, str, torch.dtype, torch.layout, torch.memory_format, sym.Sym)):
+        return v  # a symbolic size is made concrete at each call
     raise MinicompError(f"cannot pass {v!r} ({type(v).__name__}) to an extern op")
 
 
@@ -94,14 +97,20 @@ class Lowerer:
         self.externs: list[str] = []
 
     def run(self) -> Graph:
-        inputs, constants, outputs = [], {}, []
+        inputs, constants, outputs, sizes_out = [], {}, [], {}
+        for node in self.gm.graph.nodes:
+            val = node.meta.get("val")
+            if node.op != "placeholder":
+                continue
+            if isinstance(val, torch.SymInt):  # a size Dynamo passes along: the tensors' shapes carry it too
+                self.env[node] = dim(val)
+            elif not isinstance(val, torch.Tensor):
+                raise MinicompError(f"graph input {node.name} is {type(val).__name__}, not a tensor or a size")
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
-                val = node.meta.get("val")
-                if not isinstance(val, torch.Tensor):
-                    raise MinicompError(f"graph input {node.name} is {type(val).__name__}, not a tensor "
-                                        "(minicomp compiles static shapes only)")
-                n = Node("input", (), type=TensorType.of(val), name=node.name)
+                if node in self.env:
+                    continue
+                n = Node("input", (), type=TensorType.of(node.meta["val"]), name=node.name)
                 inputs.append(n)
                 self.env[node] = n
             elif node.op == "get_attr":
@@ -114,11 +123,15 @@ class Lowerer:
             elif node.op == "call_function":
                 self.env[node] = self.call(node)
             elif node.op == "output":
-                outputs = [self._fresh(fx_out, self._output(o)) for fx_out, o in
-                           zip(node.args[0], fx.node.map_arg(node.args[0], lambda a: self.env[a]))]
+                values = fx.node.map_arg(node.args[0], lambda a: self.env[a])
+                outputs = [None if isinstance(o, (int, sym.Sym)) else self._fresh(fx_out, self._output(o))
+                           for fx_out, o in zip(node.args[0], values)]
+                sizes_out = {i: o for i, o in enumerate(values) if isinstance(o, (int, sym.Sym)) and not isinstance(o, bool)}
             else:
                 raise MinicompError(f"unexpected fx node {node.op} {node.target}")
-        return Graph(self.b.graph_name, inputs, self.b.nodes, outputs, constants)
+        graph = Graph(self.b.graph_name, inputs, self.b.nodes, outputs, constants)
+        graph.size_outputs = sizes_out  # sizes the graph returns (a training forward saves them)
+        return graph
 
     def _fresh(self, fx_out, value):
         """An output the fx graph computes (a clone, a contiguous copy) whose IR value is a graph
@@ -153,9 +166,12 @@ class Lowerer:
         b, val = self.b, node.meta.get("val")
         b.val, b.target_name, b.fx_node = val, str(node.target), node
         b.meta = {"source": source_line(node), "fx": node.name}
-        if not _static(val):
-            raise MinicompError(f"{node.target} has a data-dependent shape; minicomp compiles static shapes only\n"
-                                f"  at {b.meta['source']}")
+        if isinstance(val, torch.SymInt):  # size arithmetic (sym_size, mul of sizes): its value is known
+            return dim(val)
+        unbacked = _unbacked(val)
+        if unbacked:
+            raise MinicompError(f"{node.target} has a data-dependent shape ({', '.join(unbacked)}); minicomp "
+                                f"compiles sizes it can read from the inputs\n  at {b.meta['source']}")
         mark = len(b.nodes)
         try:
             if isinstance(val, torch.Tensor) and val.numel() == 0:
@@ -222,8 +238,17 @@ class Lowerer:
         return n
 
 
-def lower(gm: fx.GraphModule, name: str = "forward", strict: bool = False) -> tuple[Graph, list[str]]:
-    """Returns the IR graph and the ATen ops that became externs."""
+def lower(gm: fx.GraphModule, name: str = "forward", strict: bool = False, sizes=None) -> tuple[Graph, list[str]]:
+    """Returns the IR graph and the ATen ops that became externs. `sizes`: the graph's symbols,
+    {name: (lo, hi, hint)} (a static graph has none)."""
     lw = Lowerer(gm, name, strict)
     graph = lw.run()
+    graph.sizes = dict(sizes or {})
     return graph, lw.externs
+
+
+def tensor_positions(gm: fx.GraphModule) -> list[int]:
+    """Where the graph's tensor inputs are among its placeholders: a symbolic graph also takes sizes
+    (SymInts), which the IR does not (its program reads them from the tensors' shapes)."""
+    return [i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
+            if not isinstance(n.meta.get("val"), torch.SymInt)]

@@ -78,6 +78,10 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs, strict: bool) -> str | N
         return None  # a training graph: forward, backward and AOTAutograd's autograd wrapper
     traces = []
     for n in gm.graph.nodes:
+        ex = n.meta.get("example_value")
+        if n.op == "placeholder" and (isinstance(ex, torch.SymInt) or isinstance(ex, torch.Tensor) and any(
+                isinstance(s, torch.SymInt) for s in ex.shape)):
+            return None  # a symbolic graph: its program depends on the ShapeEnv's ranges and guards
         if n.op not in ("placeholder", "call_function", "call_method", "output"):
             return None
         if n.op == "call_function" and not _safe_target(n.target):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.types import DTYPES, FLOATS
+from ..ir.types import DTYPES, FLOATS, dim
 from .lower_view import constant_pad, slice_
 from .lowering import Unsupported, aten, compute_dtype, lowering
 
@@ -52,7 +52,7 @@ def _max_pool2d(b, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mode=
     stride = _pair(stride) if stride else kernel
     dt = x.type.dtype
     lowest = float("-inf") if dt in FLOATS else torch.iinfo(DTYPES[dt]).min
-    out_hw = tuple(b.val[0].shape[-2:])
+    out_hw = tuple(dim(s) for s in b.val[0].shape[-2:])
     stacked = _windows(b, x, kernel, stride, padding, dilation, out_hw, lowest)   # (..., OH, OW, K)
     last = stacked.type.ndim - 1
     values = b.emit("amax", stacked, dims=(last,), keepdim=False)

@@ -5,8 +5,9 @@ comes from the fx node's FakeTensor, so -1 sizes and squeeze rules are torch's, 
 """
 from __future__ import annotations
 
+from ..ir import sym
 from ..ir.types import FLOATS
-from .lowering import Unsupported, aten, lowering, norm_dim
+from .lowering import Unsupported, aten, lowering, norm_dim, size as _size
 
 
 @lowering(aten.view.default, aten._unsafe_view, aten.reshape, aten.squeeze, aten.unsqueeze,
@@ -44,10 +45,22 @@ def _expand(b, x, *args, **kwargs):
     return b.expand(x, b.out_shape)
 
 
+def bounds(start, end, size):
+    """Python's slice(start, end).indices(size) for ints and symbolic sizes alike (step > 0)."""
+    def norm(v, default):
+        if v is None:
+            return default
+        v = v + size if v < 0 else v
+        return sym.smin(sym.smax(v, 0), size)
+    start = norm(start, 0)
+    return start, sym.smax(norm(end, size), start)
+
+
 def slice_(b, x, dim, start, end, step=1):
     size = x.type.shape[dim]
-    start, end, _ = slice(start, end).indices(size)
-    end = max(end, start)
+    if isinstance(step, sym.Sym) or step <= 0:
+        raise Unsupported(f"slice step {step}")
+    start, end = bounds(start, end, size)
     if (start, end, step) == (0, size, 1):
         return x
     return b.emit("slice", x, dim=dim, start=start, end=end, step=step)
@@ -79,7 +92,7 @@ def _split(b, x, sizes=None, dim=0):
     dim = norm_dim(dim, x.type.ndim)
     outs, start = [], 0
     for v in b.val:
-        n = int(v.shape[dim]) if v.dim() == x.type.ndim else 1
+        n = _size(v.shape[dim]) if v.dim() == x.type.ndim else 1
         piece = slice_(b, x, dim, start, start + n)
         outs.append(b.reshape(piece, tuple(v.shape)))
         start += n
@@ -173,8 +186,10 @@ def _scalar_tensor(b, value, **kwargs):
 
 @lowering(aten.arange.default, aten.arange.start, aten.arange.start_step)
 def _arange(b, *args, **kwargs):
-    nums = [a for a in args if isinstance(a, (int, float))]
+    nums = [a for a in args if isinstance(a, (int, float, sym.Sym))]
     start, step = (0, 1) if len(nums) == 1 else (nums[0], nums[2] if len(nums) > 2 else 1)
+    if isinstance(start, sym.Sym) or isinstance(step, sym.Sym):
+        raise Unsupported("arange with a symbolic start or step")
     if b.out_dtype not in FLOATS:  # an integer arange truncates start and step first, as eager does
         start, step = int(start), int(step)
     return b.emit("iota", shape=b.out_shape, dim=0, start=start, step=step, dtype=b.out_dtype)

@@ -13,7 +13,8 @@ from typing import Any, Callable
 import torch
 
 from ..ir import DTYPES, OPS, Node, TensorType, dtype_name
-from ..ir.types import FLOATS
+from ..ir.sym import Sym
+from ..ir.types import FLOATS, dim
 
 LOWERINGS: dict[Any, Callable] = {}
 aten = torch.ops.aten
@@ -76,7 +77,7 @@ class Builder:
         raise Unsupported(f"operand {x!r} of type {type(x).__name__}")
 
     def reshape(self, x: Node, shape) -> Node:
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(size(s) for s in shape)
         return x if x.type.shape == shape else self.emit("reshape", x, shape=shape)
 
     def expand(self, x: Node, shape) -> Node:
@@ -90,7 +91,14 @@ class Builder:
 
     @property
     def out_shape(self) -> tuple:
-        return tuple(int(s) for s in self.val.shape)
+        return tuple(dim(s) for s in self.val.shape)
+
+
+def size(s):
+    """A size argument: an int, or a symbolic size (ir/sym.py), never specialized to its hint."""
+    if isinstance(s, Sym):
+        return s
+    return dim(s)
 
 
 def result_dtype(x, y) -> str:
@@ -129,5 +137,5 @@ def compute_dtype(dtype: str) -> str:
     return "f32" if dtype in ("f16", "bf16") else dtype
 
 
-__all__ = ["LOWERINGS", "Builder", "Unsupported", "lowering", "aten", "result_dtype", "norm_dim",
+__all__ = ["LOWERINGS", "Builder", "Unsupported", "lowering", "aten", "result_dtype", "norm_dim", "size",
            "norm_dims", "is_float", "compute_dtype", "TensorType"]
