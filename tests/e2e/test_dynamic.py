@@ -1,0 +1,109 @@
+"""Sizes that change between calls: dynamic="auto" compiles static first and then one program with the
+changing dimension symbolic; the outputs and gradients match eager at every size, the number of
+programs is asserted, and the report names the symbolic dimensions."""
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+
+import minicomp
+from minicomp.compiler.capture import make_backend
+from minicomp.models import MLP, Block
+from minicomp.options import Options
+from minicomp.report import Report
+
+LENGTHS = [7, 13, 2, 33, 5, 64, 19]  # not the blocks' 128, where Dynamo's own guard splits (models.py causal[:T, :T])
+
+
+def _graphs(c, kind=None):
+    return [g for g in c.report().graphs if kind is None or g.kind == kind]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+def test_block_over_sequence_lengths_builds_two_programs(backend):
+    torch.manual_seed(0)
+    m = Block(32, 4, 128).eval()
+    c = minicomp.compile(m, backend=backend)
+    with torch.no_grad():
+        for T in LENGTHS:
+            x = torch.randn(2, T, 32)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    graphs = _graphs(c)
+    assert len(graphs) == 2, [g.detail for g in graphs]  # the first size static, then one symbolic program
+    assert graphs[0].detail.get("symbolic") is None
+    symbolic = graphs[1].detail["symbolic"]
+    assert len(symbolic) == 1 and re.fullmatch(r"\w+: f32\[2,s\d+,32\]", symbolic[0]), symbolic
+    assert graphs[1].detail["guards"] == []  # minicomp's own decisions guard nothing here
+    assert c.report().eager == []
+
+
+def test_batch_and_length_both_vary():
+    torch.manual_seed(0)
+    m = MLP(16, 32).eval()
+    c = minicomp.compile(m, backend="cpu")
+    with torch.no_grad():
+        for shape in [(3, 5, 16), (4, 9, 16), (7, 2, 16), (2, 11, 16)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
+    assert len(_graphs(c)) == 2
+
+
+def test_dynamic_false_compiles_a_program_per_size():
+    c = minicomp.compile(lambda x: torch.sin(x) * 2, backend="cpu", dynamic=False)
+    for n in (3, 4, 5):
+        x = torch.randn(n)
+        torch.testing.assert_close(c(x), torch.sin(x) * 2)
+    assert len(_graphs(c)) == 3
+
+
+def test_dynamic_true_is_symbolic_from_the_first_call():
+    c = minicomp.compile(lambda x: torch.softmax(x, -1), backend="cpu", dynamic=True)
+    for n in (3, 4, 9):
+        x = torch.randn(n, 2 * n + 1)
+        torch.testing.assert_close(c(x), torch.softmax(x, -1))
+    graphs = _graphs(c)
+    assert len(graphs) == 1 and graphs[0].detail["symbolic"]
+
+
+def test_gradients_through_a_dynamic_program():
+    torch.manual_seed(0)
+    m = Block(32, 4, 64)
+    ref = copy.deepcopy(m)
+    c = minicomp.compile(m, backend="cpu")
+    for T in (5, 9, 17, 3):
+        x = torch.randn(2, T, 32)
+        out, want = c(x), ref(x)
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        out.square().mean().backward()
+        want.square().mean().backward()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+        m.zero_grad()
+        ref.zero_grad()
+    kinds = [(g.kind, bool(g.detail.get("symbolic"))) for g in _graphs(c)]
+    assert kinds == [("forward", False), ("backward", False), ("forward", True), ("backward", True)]
+
+
+def test_torch_compile_without_dynamic_false_runs_compiled():
+    """torch.compile's own automatic dynamic: the second size makes a symbolic graph, which minicomp
+    now compiles instead of handing back to torch."""
+    report = Report()
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, y: torch.relu(x @ y + 1.0).sum(-1), backend=make_backend(Options.make("cpu"), report))
+    for n in (4, 6, 11):
+        x, y = torch.randn(n, 8), torch.randn(8, 3)
+        torch.testing.assert_close(f(x, y), torch.relu(x @ y + 1.0).sum(-1))
+    assert len(report.graphs) == 2 and report.graphs[1].detail["symbolic"] and report.eager == []
+
+
+def test_a_new_size_reuses_the_machine_code():
+    c = minicomp.compile(lambda x: torch.tanh(x) + x, backend="cpu")
+    for n in (5, 6, 7, 8, 5):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(c(x), torch.tanh(x) + x)
+    run = c.report().runs[-1]
+    # 6, 7, 8 and 5 again (once the symbolic program is the one calls go to, it serves every size)
+    assert run.built == 4 and len(c.report().graphs) == 2
