@@ -1,6 +1,7 @@
 """Eager vs minicomp vs torch.compile (Inductor): one table, one interleaved run.
 
     python -m minicomp.bench [--quick] [--backend NAME] [--cases a,b] [--reps N]
+    python -m minicomp.bench --dynamic [--quick]     (one symbolic program vs a static one per size)
 
 Interleaved: each repetition times the callables (eager, minicomp, Inductor, minicomp with fresh
 outputs, and a large copy) in a new random order, so a noisy neighbour or a clock change hits all
@@ -236,6 +237,10 @@ def format_table(rows: list) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--dynamic" in argv:  # sizes that change between calls: its own table (bench_dynamic.py)
+        from minicomp import bench_dynamic
+        return bench_dynamic.main(argv)
     p = argparse.ArgumentParser(prog="python -m minicomp.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
     p.add_argument("--backend", default="auto", choices=BACKENDS)

@@ -76,7 +76,7 @@ def sized_program(graph: Graph, ctx, kernels, make_launch, keepalive, device="cp
         return program
 
     hints = {s: sym.hint(sym.symbol(s)) for s in where}
-    prog = SizedProgram(where, make, keepalive)
+    prog = SizedProgram(where, make, keepalive, sym.current().guards)
     detail = dict(prog.make(hints).detail)
     detail["arena_bytes_at_hint"] = detail.pop("arena_bytes", 0)
     return prog, detail
@@ -92,4 +92,4 @@ def per_size_program(graph: Graph, compile_static):
         g = concretize(graph, values)
         with sym.using(sym.SymEnv()):
             return compile_static(g)
-    return SizedProgram(where, make), {"specialized_per_size": True}
+    return SizedProgram(where, make, guards=sym.current().guards), {"specialized_per_size": True}

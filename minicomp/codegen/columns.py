@@ -21,7 +21,8 @@ def columns(k: Kernel) -> bool:
     depends on the last kept variable c contiguous along it (affine, stride 1) and not along the
     innermost reduced variable (such a load the row loop vectorizes). Loads without c (a per-row
     scale) are one value for the whole tile."""
-    if len(k.stages) != 1 or not k.outer or not k.inner or k.outer[-1].size < 2:
+    if len(k.stages) != 1 or not k.outer or not k.inner or not isinstance(k.outer[-1].size, int) \
+            or k.outer[-1].size < 2:  # (a symbolic column count: the plain row loops)
         return False
     if any(r.op not in ("sum", "prod", "amax", "amin") for r in k.stages[0]):
         return False

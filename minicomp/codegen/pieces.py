@@ -64,6 +64,8 @@ def split(k: Kernel) -> list[Piece] | None:
         if name not in names:
             continue
         size = k.outer[names.index(name)].size
+        if not isinstance(size, int):  # a symbolic extent: no split on it (one nest, the selects kept)
+            continue
         inside = sorted(c for c in cs if 0 < c < size)
         if inside and (best is None or len(inside) > len(best[1])):
             best = (name, inside)
@@ -112,7 +114,7 @@ def _tile(stores, v: Var):
                 visit(e.attrs["index"])
             elif e.op == "index":
                 visit(e.attrs["expr"])
-    ok = [c for c in found if 1 < c < v.size and v.size % c == 0]
+    ok = [c for c in found if isinstance(c, int) and isinstance(v.size, int) and 1 < c < v.size and v.size % c == 0]
     return max(ok) if ok else None
 
 
@@ -167,9 +169,10 @@ class _Rewriter:
         if e.op in _COMPARE and args[0].op == "index" and args[1].op == "const" and isinstance(
                 args[1].attrs["value"], int):
             lo, hi = args[0].attrs["expr"].range()
-            true, false = _COMPARE[e.op](lo, hi, args[1].attrs["value"])
-            if true or false:
-                return _const_b8(true)
+            if isinstance(lo, int) and isinstance(hi, int):  # (over symbolic sizes: left to run time)
+                true, false = _COMPARE[e.op](lo, hi, args[1].attrs["value"])
+                if true or false:
+                    return _const_b8(true)
         truths = [_truth(a) for a in args]
         if e.op == "logical_and" and (False in truths or truths == [True, True]):
             return _const_b8(False not in truths)

@@ -15,14 +15,18 @@ import threading
 
 class SizedProgram:
     """`where`: for each symbol, (input position, dimension) it is read from; `make(values)`: the
-    Program for sizes `values` (symbol name -> int)."""
+    Program for sizes `values` (symbol name -> int); `guards`: what the compile assumed of the sizes
+    (ir/sym.py Guard objects, a list it may still append to). Dynamo checks them before each call;
+    an instance checks them again when its size first arrives (a backward compiled lazily, after
+    Dynamo installed its guards, could otherwise run at a size its compile ruled out)."""
 
     MAX_INSTANCES = 64
 
-    def __init__(self, where: dict, make, keepalive=None):
+    def __init__(self, where: dict, make, keepalive=None, guards=()):
         self.names = list(where)
         self.where = [where[s] for s in self.names]
         self.make = make
+        self.guards = guards
         self.keepalive = keepalive  # the machine code every instance runs
         self.instances: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
         self.built = 0  # instances made (a new size each)
@@ -39,7 +43,12 @@ class SizedProgram:
                 if prog is None:
                     if self._released:
                         raise RuntimeError("minicomp: this program was released with the compiled callable that owned it")
-                    prog = self.make(dict(zip(self.names, key)))
+                    values = dict(zip(self.names, key))
+                    failed = [str(g) for g in self.guards if not g.check(values)]
+                    if failed:
+                        raise RuntimeError(f"minicomp: sizes {values} break what this program was compiled for: "
+                                           f"{'; '.join(failed)} (recompile with these sizes, or dynamic=False)")
+                    prog = self.make(values)
                     self.instances[key] = prog
                     self.built += 1
                     while len(self.instances) > self.MAX_INSTANCES:

@@ -11,7 +11,7 @@ for the report, the dump's fusion report and explain()'s list of pairs not fused
 """
 from __future__ import annotations
 
-from ...ir import OPS, Graph, Node
+from ...ir import OPS, Graph, Node, sym
 from ...ir.kernel import walk
 from ..schedule import KernelStep, Schedule, required_buffers, schedule
 from . import rematerialize
@@ -123,12 +123,12 @@ def _account(kernel, written) -> None:
     per_row = 0.0
     for group in [[r.value for r in st] for st in kernel.stages] + [[s.value for s in kernel.inner_stores]]:
         for e in walk(group):
-            if inner > 1 and _invariant(e, invariant):
+            if sym.hint(inner) > 1 and _invariant(e, invariant):
                 per_row += _cost(e, positional)
             else:
                 per_inner += _cost(e, positional)
     per_outer = sum(_cost(e, positional) for e in walk([s.value for s in kernel.outer_stores]))
-    kernel.flops = int(outer * (inner * per_inner + per_row + per_outer))
+    kernel.flops = int(sym.hint(outer) * (sym.hint(inner) * per_inner + per_row + per_outer))  # at the hints
 
 
 def _invariant(e, memo: dict) -> bool:

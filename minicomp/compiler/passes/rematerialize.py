@@ -8,7 +8,7 @@ the backend's flops-per-byte balance point. (Training's forward/backward cut is 
 """
 from __future__ import annotations
 
-from ...ir import OPS
+from ...ir import OPS, sym
 from ...ir.types import itemsize
 from ..schedule import KernelStep
 
@@ -33,8 +33,9 @@ def _subtree(node, stored):
     return ops, leaves
 
 
-def _nbytes(n):
-    return n.type.numel * itemsize(n.type.dtype)
+def _nbytes(n) -> int:
+    """At the hints for a symbolic size: what to recompute only decides speed."""
+    return sym.hint(n.type.numel) * itemsize(n.type.dtype)
 
 
 def choose(sch, shared_only, flops_per_byte: float, order: dict):
@@ -57,7 +58,7 @@ def choose(sch, shared_only, flops_per_byte: float, order: dict):
         per_element = sum(OPS[o.op].cost for o in ops if OPS[o.op].category == "pointwise")
         if per_element > MAX_RECOMPUTE:
             continue
-        extra_flops = k * n.type.numel * per_element
+        extra_flops = k * sym.hint(n.type.numel) * per_element
         new_loads = sum(_nbytes(leaf) for b in consumers for leaf in leaves if leaf not in b.buf_pos)
         benefit = _nbytes(n) * (1 + k) - new_loads
         if benefit > 0 and extra_flops <= flops_per_byte * benefit:

@@ -51,8 +51,8 @@ def _split_columns(n: Node, stored: set, ctx) -> list | None:
     x = n.args[0]
     dims, shape = tuple(sorted(n.attrs["dims"])), x.type.shape
     k = len(dims)
-    if not 0 < k < len(shape) or dims != tuple(range(k)):
-        return None
+    if not 0 < k < len(shape) or dims != tuple(range(k)) or any(not isinstance(s, int) for s in shape):
+        return None  # (over a symbolic size: not split)
     rows, cols = math.prod(shape[:k]), math.prod(shape[k:])
     if cols > COLUMN_MAX_OUTPUTS or rows * cols < MIN_ELEMENTS or x.op in ("input", "constant") or x in stored \
             or runs_in_torch(x, ctx.kernel_ops):
@@ -82,6 +82,8 @@ def run(graph: Graph, ctx) -> Graph:
             continue
         x = n.args[0]
         numel = math.prod(x.type.shape)
+        if not isinstance(numel, int):  # a reduction over symbolic sizes is not split
+            continue
         p = parts(numel) if numel >= MIN_ELEMENTS else None
         if p is None or len(n.attrs["dims"]) != len(x.type.shape):
             continue
