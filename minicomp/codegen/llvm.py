@@ -478,7 +478,7 @@ def emit_sym(b, x, vals: dict):
 
 def kernel_symbols(k: Kernel) -> list:
     """The symbolic sizes kernel k reads at run time, sorted: its loop extents, index coefficients
-    and divisors, and the sizes its gathers check against."""
+    and divisors, the sizes its gathers check against and the sizes it computes with."""
     found: set = set()
 
     def expr(e: Expr):
@@ -496,8 +496,9 @@ def kernel_symbols(k: Kernel) -> list:
         for name in ("index", "expr"):
             if isinstance(e.attrs.get(name), Expr):
                 expr(e.attrs[name])
-        if isinstance(e.attrs.get("size"), sym.Sym):
-            found.update(sym.free_symbols(e.attrs["size"]))
+        for name in ("size", "value"):  # a clamp's bound, a size as a constant (a mean's count)
+            if isinstance(e.attrs.get(name), sym.Sym):
+                found.update(sym.free_symbols(e.attrs[name]))
     for st in k.inner_stores + k.outer_stores:
         expr(st.index)
     return sorted(found)

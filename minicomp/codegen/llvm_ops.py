@@ -15,9 +15,10 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from ..ir.scalar import SCALAR, backend_ops, operand_dtype
+from ..ir.sym import Sym
 from ..ir.types import FLOATS, LOW_FLOATS, UNSIGNED
 from .llvm_math import declare_math
-from .llvm_values import F32, I1, I64, Ops, const, mem_type
+from .llvm_values import F32, I1, I64, Ops, const, mem_type, reg_type
 
 LEFT_TO_TORCH = ("erfinv",)  # no vectorizable polynomial yet: runs as a torch op between kernels
 _POLY = ("exp", "expm1", "log", "log1p", "tanh", "erf", "erfc", "sin", "cos", "tan", "atan", "sigmoid",
@@ -44,6 +45,15 @@ def _load(o, a, adt, at):
         idx = b.select(g.value(at["guard"]), idx, I64(0))
     ptr = b.gep(g.ptrs[at["buf"]], [idx], source_etype=mem_type(adt))
     return o.from_mem(adt, b.load(ptr, typ=mem_type(adt)))
+
+
+def _size_value(o, adt, v):
+    """A symbolic size as a value of dtype adt (a mean's count), computed from the kernel's sizes."""
+    n = o.gen.size(v)
+    if adt in FLOATS:
+        return o.b.sitofp(n, reg_type(adt))
+    t = reg_type(adt)
+    return n if t == I64 else o.b.trunc(n, t)
 
 
 def _clamp_index(o, a, adt, at):
@@ -245,7 +255,7 @@ def _libm(name):
 
 LOWER = {
     "load": _load,
-    "const": lambda o, a, adt, at: const(adt, at["value"]),
+    "const": lambda o, a, adt, at: _size_value(o, adt, at["value"]) if isinstance(at["value"], Sym) else const(adt, at["value"]),
     "index": lambda o, a, adt, at: o.cast(o.gen.index(at["expr"]), "i64", adt),
     "acc": lambda o, a, adt, at: o.gen.accs[id(at["red"])],
     "clamp_index": _clamp_index,

@@ -46,6 +46,9 @@ _RUNTIME_CHECKS = {torch.ops.aten._assert_async.msg, torch.ops.aten._assert_asyn
                    torch.ops.aten._assert_scalar.default, torch.ops.aten._assert_tensor_metadata.default}
 
 
+_FLOAT_OPS = {operator.truediv: "/", operator.mul: "*", operator.add: "+", operator.sub: "-"}  # SymFloat arithmetic
+
+
 def _is_multi(typ) -> bool:
     """A multi-result type (a tuple of types); a TensorType is a NamedTuple, so isinstance(tuple) won't do."""
     return isinstance(typ, tuple) and not isinstance(typ, TensorType)
@@ -84,7 +87,8 @@ def _extern_value(v, refs: list):
         return type(v)(_extern_value(x, refs) for x in v)
     if isinstance(v, torch.device):
         return str(v)
-    if v is None or isinstance(v, (bool, int, float, str, torch.dtype, torch.layout, torch.memory_format, sym.Sym)):
+    if v is None or isinstance(v, (bool, int, float, str, torch.dtype, torch.layout, torch.memory_format, sym.Sym,
+                                   sym.SizeFloat)):
         return v  # a symbolic size is made concrete at each call
     raise MinicompError(f"cannot pass {v!r} ({type(v).__name__}) to an extern op")
 
@@ -104,6 +108,8 @@ class Lowerer:
                 continue
             if isinstance(val, torch.SymInt):  # a size Dynamo passes along: the tensors' shapes carry it too
                 self.env[node] = dim(val)
+            elif isinstance(val, torch.SymFloat):  # a float of sizes a forward handed its backward
+                self.env[node] = sym.float_from_sympy(val.node.expr)
             elif not isinstance(val, torch.Tensor):
                 raise MinicompError(f"graph input {node.name} is {type(val).__name__}, not a tensor or a size")
         for node in self.gm.graph.nodes:
@@ -124,9 +130,10 @@ class Lowerer:
                 self.env[node] = self.call(node)
             elif node.op == "output":
                 values = fx.node.map_arg(node.args[0], lambda a: self.env[a])
-                outputs = [None if isinstance(o, (int, sym.Sym)) else self._fresh(fx_out, self._output(o))
+                sized = (int, float, sym.Sym, sym.SizeFloat)
+                outputs = [None if isinstance(o, sized) else self._fresh(fx_out, self._output(o))
                            for fx_out, o in zip(node.args[0], values)]
-                sizes_out = {i: o for i, o in enumerate(values) if isinstance(o, (int, sym.Sym)) and not isinstance(o, bool)}
+                sizes_out = {i: o for i, o in enumerate(values) if isinstance(o, sized) and not isinstance(o, bool)}
             else:
                 raise MinicompError(f"unexpected fx node {node.op} {node.target}")
         graph = Graph(self.b.graph_name, inputs, self.b.nodes, outputs, constants)
@@ -168,6 +175,15 @@ class Lowerer:
         b.meta = {"source": source_line(node), "fx": node.name}
         if isinstance(val, torch.SymInt):  # size arithmetic (sym_size, mul of sizes): its value is known
             return dim(val)
+        if isinstance(val, torch.SymFloat):  # a float of sizes: the ops given it run in torch
+            op = _FLOAT_OPS.get(node.target)
+            if op is not None and len(args) == 2 and all(isinstance(a, (int, float, sym.Sym, sym.SizeFloat))
+                                                         for a in args):
+                return sym.SizeFloat(op, *args)
+            if node.target is torch.sym_float and isinstance(args[0], (int, sym.Sym)):
+                return sym.SizeFloat("*", args[0], 1.0)
+            raise MinicompError(f"{node.target} makes a float from symbolic sizes ({val.node.expr}), which "
+                                f"minicomp cannot hold\n  at {b.meta['source']}")
         unbacked = _unbacked(val)
         if unbacked:
             raise MinicompError(f"{node.target} has a data-dependent shape ({', '.join(unbacked)}); minicomp "
@@ -251,4 +267,4 @@ def tensor_positions(gm: fx.GraphModule) -> list[int]:
     """Where the graph's tensor inputs are among its placeholders: a symbolic graph also takes sizes
     (SymInts), which the IR does not (its program reads them from the tensors' shapes)."""
     return [i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
-            if not isinstance(n.meta.get("val"), torch.SymInt)]
+            if not isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat))]

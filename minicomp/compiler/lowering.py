@@ -55,6 +55,10 @@ class Builder:
         return node
 
     def full(self, value, dtype: str, shape=()) -> Node:
+        if isinstance(value, Sym):  # a size as a value (a mean's count): read at run time
+            if dtype == "b8":
+                raise Unsupported(f"a symbolic size {value} as a boolean")
+            return self.emit("full", shape=tuple(shape), value=value, dtype=dtype)
         if dtype == "b8":
             value = bool(value)
         elif dtype not in FLOATS:

@@ -6,11 +6,14 @@ from the joint fx graph at the same values (each IR value a saved set names is t
 fx node), by AOTAutograd's own extraction, so its runtime wrapper (saved tensors, version checks)
 stays as it is. The backward module is reordered so each recomputed value sits right before its
 first user, where our scheduler fuses it into the backward kernel that runs there. Joint graphs
-this cannot vouch for (symbolic sizes, opaque objects, collectives, higher-order ops, a lowering
-error) take AOTAutograd's default partition, and the report says so.
+this cannot vouch for (opaque objects, collectives, higher-order ops, a lowering error) take
+AOTAutograd's default partition, and the report says so. A joint graph over symbolic sizes is cut
+with the sizes at their hints (capacities are bytes at the sizes being compiled); the sizes the
+backward needs travel as AOTAutograd's saved SymInts.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import logging
@@ -21,12 +24,13 @@ from torch.utils._pytree import tree_leaves as pytree_leaves
 from torch._functorch import partitioners
 
 from ..errors import MinicompError
-from ..ir import OPS, Node
+from ..ir import OPS, Node, sym
 from ..options import Options
 from ..report import PartitionReport, Report
 from .debug import Dumper
 from .frontend import Lowerer
 from .passes import partition
+from .sizes import size_env, symbolic
 
 log = logging.getLogger("minicomp")
 _names = itertools.count()
@@ -36,8 +40,8 @@ def _unsupported(joint: fx.GraphModule) -> str | None:
     """Why minicomp's partition cannot take this joint graph (None: it can)."""
     for n in joint.graph.nodes:
         val = n.meta.get("val")
-        if n.op == "placeholder" and not isinstance(val, torch.Tensor):
-            return f"input {n.name} is {type(val).__name__}, not a tensor"
+        if n.op == "placeholder" and not isinstance(val, (torch.Tensor, torch.SymInt)):
+            return f"input {n.name} is {type(val).__name__}, not a tensor or a size"
         if n.op != "call_function":
             continue
         if isinstance(n.target, torch._ops.HigherOrderOperator):
@@ -45,10 +49,8 @@ def _unsupported(joint: fx.GraphModule) -> str | None:
         if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace in ("_c10d_functional", "c10d"):
             return f"collective {n.target}"
         leaves = val if isinstance(val, (tuple, list)) else (val,)
-        if not all(v is None or isinstance(v, torch.Tensor) for v in leaves):
+        if not all(v is None or isinstance(v, (torch.Tensor, torch.SymInt, torch.SymFloat)) for v in leaves):
             return f"{n.target} returns {type(val).__name__}"
-        if any(isinstance(s, torch.SymInt) for v in leaves if isinstance(v, torch.Tensor) for s in v.shape):
-            return "symbolic shapes"
     return None
 
 
@@ -64,10 +66,11 @@ def _must_recompute(fx_node) -> bool:
     return fx_node is not None and fx_node.meta.get("recompute") == CheckpointPolicy.MUST_RECOMPUTE
 
 
-def lower_joint(joint: fx.GraphModule, name: str):
+def lower_joint(joint: fx.GraphModule, name: str, sizes=None):
     """(IR joint graph, {IR node: the first fx node it is the value of}, {fx name: IR node})."""
     lw = Lowerer(joint, name, strict=False)
     graph = lw.run()
+    graph.sizes = dict(sizes or {})
     rep, value = {}, {}
     for fx_node, v in lw.env.items():
         if isinstance(v, Node):  # a tuple (a multi-result op) is reached through its getitem nodes
@@ -90,10 +93,26 @@ def _extract(joint: fx.GraphModule, saved: list, num_fwd_outputs: int, static_no
     kw = {"num_fwd_outputs": num_fwd_outputs}
     if "static_lifetime_input_nodes" in inspect.signature(fn).parameters:
         kw["static_lifetime_input_nodes"] = static_nodes
-    fw, bw = fn(joint, saved, saved_sym_nodes=[], **kw)
+    fw, bw = fn(joint, saved, saved_sym_nodes=_sym_nodes(joint), **kw)
     fw.graph.eliminate_dead_code()
     bw.graph.eliminate_dead_code()
     return fw, sink_recomputed(bw)
+
+
+def _is_sym(n: fx.Node) -> bool:
+    return isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _sym_nodes(joint: fx.GraphModule) -> list:
+    """The forward's sizes (SymInt inputs and size arithmetic, no tangent behind them): AOTAutograd
+    stashes them for the backward, which keeps those it reads (as its default partition does)."""
+    tangent, out = set(), []
+    for n in joint.graph.nodes:
+        if (n.op == "placeholder" and "tangents" in n.name) or any(a in tangent for a in n.all_input_nodes):
+            tangent.add(n)
+        elif _is_sym(n) and n.op in ("placeholder", "call_function"):
+            out.append(n)
+    return out
 
 
 def _closed(joint: fx.GraphModule, saved: list, num_fwd_outputs: int) -> list:
@@ -110,8 +129,10 @@ def _closed(joint: fx.GraphModule, saved: list, num_fwd_outputs: int) -> list:
             continue
         seen.add(n)
         if n.op == "placeholder":
-            if "tangents" not in n.name:
+            if "tangents" not in n.name and not _is_sym(n):  # sizes travel as saved SymInts
                 extra.append(n)
+            continue
+        if _is_sym(n):
             continue
         stack.extend(n.all_input_nodes)
     return list(saved) + sorted(extra, key=lambda n: n.name)
@@ -177,8 +198,11 @@ def make_partition(options: Options, report: Report, kernel_ops_for):
         why = _unsupported(joint)
         if why is None:
             try:
-                return run(joint, num_fwd_outputs, options, report, kernel_ops_for(joint_inputs),
-                           _static_nodes(joint, static_lifetime_input_indices))
+                guards: list = []
+                env, sizes = size_env(_flat(joint_inputs), guards) if symbolic(_flat(joint_inputs)) else (None, {})
+                with sym.using(env) if env is not None else contextlib.nullcontext():
+                    return run(joint, num_fwd_outputs, options, report, kernel_ops_for(joint_inputs),
+                               _static_nodes(joint, static_lifetime_input_indices), sizes)
             except MinicompError as e:
                 if "remat_budget" in str(e):
                     raise
@@ -187,13 +211,18 @@ def make_partition(options: Options, report: Report, kernel_ops_for):
     return partition_fn
 
 
+def _flat(joint_inputs) -> list:
+    """AOTAutograd's joint inputs ([primals, tangents]) as one list."""
+    return [y for x in joint_inputs for y in (x if isinstance(x, (list, tuple)) else [x])]
+
+
 def run(joint: fx.GraphModule, num_fwd_outputs: int, options: Options, report: Report, kernel_ops,
-        static_nodes=frozenset()):
+        static_nodes=frozenset(), sizes=None):
     """Cut `joint` with the min cut; returns AOTAutograd's (forward module, backward module)."""
     name = f"joint_{next(_names)}"
     dump = Dumper(options, name)
     dump.stage("fx", lambda: joint.print_readable(print_output=False), level=3)
-    graph, rep, _ = lower_joint(joint, name)
+    graph, rep, _ = lower_joint(joint, name, sizes)
     dump.stage("ir", graph.__str__)
 
     def fx_of(n):
@@ -216,7 +245,7 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, options: Options, report: R
     fw, bw = _extract(joint, _closed(joint, [fx_of(n) for n in ours.saved], num_fwd_outputs), num_fwd_outputs,
                       static_nodes)
     baseline_set = set(baseline.saved)
-    recomputed = [(names(n), n.op, partition.nbytes(n) if n in baseline_set else 0, int(n.type.numel * _cost(n)))
+    recomputed = [(names(n), n.op, partition.nbytes(n) if n in baseline_set else 0, int(sym.hint(n.type.numel) * _cost(n)))
                   for n in ours.recomputed if n.op in OPS and OPS[n.op].category not in ("view", "creation")]
     report.partitions.append(PartitionReport(
         name, "min-cut" if options.remat else "remat=False", ours.saved_bytes, baseline.saved_bytes,

@@ -65,8 +65,9 @@ class _Eval:
         if hit is not None:
             return hit
         attrs = e.attrs if e.op in _KEEPS_GUARD else {k: v for k, v in e.attrs.items() if k != "guard"}
-        if isinstance(attrs.get("size"), sym.Sym):
-            attrs = dict(attrs, size=self.n(attrs["size"]))
+        for name in ("size", "value"):  # a symbolic size (a clamp's bound, a count as a constant): at these sizes
+            if isinstance(attrs.get(name), sym.Sym):
+                attrs = dict(attrs, **{name: self.n(attrs[name])})
         out = SCALAR[e.op].ref([self.value(a) for a in e.args], attrs, self, e.dtype)
         self.memo[id(e)] = out
         return out

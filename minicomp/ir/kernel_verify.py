@@ -158,9 +158,9 @@ class KernelChecker:
             if e.dtype == "b8":
                 ok = isinstance(v, bool) or isinstance(v, int) and v in (0, 1)
             elif e.dtype in INTS:
-                ok = isinstance(v, int)
-            else:
-                ok = e.dtype in FLOATS and isinstance(v, (int, float)) and not isinstance(v, bool)
+                ok = isinstance(v, (int, sym.Sym))
+            else:  # a symbolic size as a value (a mean's count) too
+                ok = e.dtype in FLOATS and isinstance(v, (int, float, sym.Sym)) and not isinstance(v, bool)
             if not ok:
                 self.fail(f"constant {v!r} does not fit dtype {e.dtype}", e)
         elif e.op == "index":

@@ -14,8 +14,8 @@ holds, and capture.py hands every guard to Dynamo's ShapeEnv, which checks it be
 failed guard means one more program, so code that decides only for speed -- a cost model, an unroll
 hint -- reads `hint(x)` instead, which records nothing). With no SymEnv, or no hint, an open comparison
 raises SymbolicError naming it. A Sym used where Python needs a real int (range(), torch.Size) raises
-TypeError naming it: such code has to take the symbolic path explicitly. Arithmetic with a float
-(`/`, `* 1.5`: a cost estimate, never a size) gives the float at the hints.
+TypeError naming it, and so does arithmetic with a float: such code takes the symbolic path
+explicitly (a cost estimate reads `hint`; a float computed from sizes is a SizeFloat).
 """
 from __future__ import annotations
 
@@ -173,14 +173,9 @@ class Sym:
 
     __int__ = __index__
 
-    def __float__(self):  # a cost estimate (bytes, flops): the size at the hints
-        return float(hint(self))
-
-    def __truediv__(self, o):
-        return hint(self) / hint(o)
-
-    def __rtruediv__(self, o):
-        return hint(o) / hint(self)
+    def __float__(self):
+        raise TypeError(f"symbolic size {self} used where a concrete number is needed (a cost estimate "
+                        "reads sym.hint)")
 
     def __abs__(self):
         return self if known(self, ">=", 0) else -self if known(self, "<=", 0) else _opaque_abs(self)
@@ -219,8 +214,8 @@ def _make(const: int, pairs) -> Int:
 def add(a: Int, b: Int) -> Int:
     if isinstance(a, int) and isinstance(b, int):
         return a + b
-    if isinstance(a, float) or isinstance(b, float):  # a cost estimate, never a size: at the hints
-        return hint(a) + hint(b)
+    if isinstance(a, float) or isinstance(b, float):
+        raise TypeError(f"{a} + {b}: a symbolic size mixed with a float (a cost estimate reads sym.hint)")
     ca, ta = _terms_of(a)
     cb, tb = _terms_of(b)
     return _make(ca + cb, ta + tb)
@@ -230,7 +225,7 @@ def mul(a: Int, b: Int) -> Int:
     if isinstance(a, int) and isinstance(b, int):
         return a * b
     if isinstance(a, float) or isinstance(b, float):
-        return hint(a) * hint(b)
+        raise TypeError(f"{a} * {b}: a symbolic size mixed with a float (a cost estimate reads sym.hint)")
     if isinstance(b, int):
         a, b = b, a
     if isinstance(a, int):  # a constant times b
@@ -683,10 +678,31 @@ def bind(dims, sizes, values: Optional[dict] = None) -> dict:
     return values
 
 
+class SizeFloat:
+    """A float computed from sizes (batch norm's n / (n - 1), a mean's 1 / numel): `op` one of
+    + - * / applied to two operands (numbers, Syms or SizeFloats). Kernels never hold one; an op
+    given it runs in torch with its value at each call's sizes."""
+    __slots__ = ("op", "a", "b")
+    OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y, "/": lambda x, y: x / y}
+
+    def __init__(self, op: str, a, b):
+        self.op, self.a, self.b = op, a, b
+
+    def __repr__(self):
+        return f"({self.a} {self.op} {self.b})"
+
+    def value(self, values: dict) -> float:
+        def v(x):
+            return x.value(values) if isinstance(x, SizeFloat) else float(evaluate(x, values)) if isinstance(x, Sym) else x
+        return float(SizeFloat.OPS[self.op](v(self.a), v(self.b)))
+
+
 def concrete(x, values: dict):
-    """x (an attribute value: an int, Sym, tuple, list or dict of them) at sizes `values`."""
+    """x (an attribute value: an int, Sym, SizeFloat, tuple, list or dict of them) at sizes `values`."""
     if isinstance(x, Sym):
         return evaluate(x, values)
+    if isinstance(x, SizeFloat):
+        return x.value(values)
     if isinstance(x, tuple):
         return tuple(concrete(v, values) for v in x)
     if isinstance(x, list):
@@ -700,6 +716,8 @@ def hinted(x):
     """x (an attribute value, a shape) at the hints: for decisions that only affect speed."""
     if isinstance(x, Sym):
         return hint(x)
+    if isinstance(x, SizeFloat):
+        return SizeFloat.OPS[x.op](hinted(x.a), hinted(x.b))
     if isinstance(x, tuple):
         return tuple(hinted(v) for v in x)
     if isinstance(x, list):
@@ -710,10 +728,34 @@ def hinted(x):
 
 
 def has_sym(x) -> bool:
-    if isinstance(x, Sym):
+    if isinstance(x, (Sym, SizeFloat)):
         return True
     if isinstance(x, (tuple, list)):
         return any(has_sym(v) for v in x)
     if isinstance(x, dict):
         return any(has_sym(v) for v in x.values())
     return False
+
+
+def float_from_sympy(e):
+    """A SizeFloat (or number, or Sym) from a sympy expression of Dynamo's for a SymFloat
+    (`FloatTrueDiv(1.0, IntTrueDiv(512*s0, 8))`)."""
+    import sympy
+    if e.is_Float:
+        return float(e)
+    name = type(e).__name__
+    if e.is_Integer or e.is_Symbol or name in ("FloorDiv", "CleanDiv", "Mod", "PythonMod"):
+        return from_sympy(e)
+    args = [float_from_sympy(a) for a in e.args]
+    if name in ("FloatTrueDiv", "IntTrueDiv") and len(args) == 2:
+        return SizeFloat("/", *args)
+    if name == "ToFloat" and len(args) == 1:
+        return SizeFloat("*", args[0], 1.0)
+    if isinstance(e, (sympy.Add, sympy.Mul)):
+        op = "+" if isinstance(e, sympy.Add) else "*"
+        out = args[0]
+        for a in args[1:]:
+            out = (add(out, a) if op == "+" else mul(out, a)) if isinstance(out, (int, Sym)) and isinstance(
+                a, (int, Sym)) else SizeFloat(op, out, a)
+        return out
+    raise SymbolicError(f"symbolic float {e} ({name}) has no counterpart in minicomp's sizes")

@@ -30,6 +30,8 @@ def format_value(v) -> str:
         return repr(v)
     if isinstance(v, sym.Sym):
         return f'size("{v}")'  # a symbolic size in an attribute: view [shape=(size("4*s0"), 768)]
+    if isinstance(v, sym.SizeFloat):  # a float of sizes: n / (n - 1) is sizef("/", size("s0"), size("s0-1"))
+        return f'sizef("{v.op}", {format_value(v.a)}, {format_value(v.b)})'
     if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)):
         return str(v)  # torch.float32, torch.strided, torch.contiguous_format
     if isinstance(v, tuple):
@@ -111,6 +113,15 @@ def read_value(c: Cursor):
             kind, text = c.next()
             c.expect(")")
             return sym.parse(json.loads(text))
+        if val == "sizef" and c.peek()[1] == "(":
+            c.next()
+            op = json.loads(c.next()[1])
+            c.expect(",")
+            a = read_value(c)
+            c.expect(",")
+            b = read_value(c)
+            c.expect(")")
+            return sym.SizeFloat(op, a, b)
         return val  # bare word: a dtype name such as f32
     if val in ("(", "["):
         close = ")" if val == "(" else "]"

@@ -85,6 +85,9 @@ def test_gradients_through_a_dynamic_program():
         ref.zero_grad()
     kinds = [(g.kind, bool(g.detail.get("symbolic"))) for g in _graphs(c)]
     assert kinds == [("forward", False), ("backward", False), ("forward", True), ("backward", True)]
+    # both joint graphs, the symbolic one too, are cut by minicomp's min cut, not AOTAutograd's default
+    parts = c.report().partitions
+    assert len(parts) == 2 and c.report().eager == [] and parts[1].saved_bytes < parts[1].no_remat_bytes
 
 
 def test_torch_compile_without_dynamic_false_runs_compiled():
@@ -107,3 +110,61 @@ def test_a_new_size_reuses_the_machine_code():
     run = c.report().runs[-1]
     # 6, 7, 8 and 5 again (once the symbolic program is the one calls go to, it serves every size)
     assert run.built == 4 and len(c.report().graphs) == 2
+
+
+def _convnet():
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                               torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 10))
+
+
+ZOO = {  # model, input shape with None where the size varies
+    "mlp": (lambda: MLP(16, 64), (None, 16)),
+    "mixer": (lambda: __import__("minicomp.models", fromlist=["MixerBlock"]).MixerBlock(8, 16), (None, 8, 16)),
+    "normstack": (lambda: __import__("minicomp.models", fromlist=["NormStack"]).NormStack(32, 2), (3, None, 32)),
+    "block": (lambda: Block(32, 4, 128), (2, None, 32)),
+    "convnet": (_convnet, (None, 3, 8, 8)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+@pytest.mark.parametrize("train", [False, True])
+def test_zoo_over_several_sizes_two_programs_and_no_guards_of_ours(name, train):
+    torch.manual_seed(0)
+    make, shape = ZOO[name]
+    m = make().train(train)
+    ref = copy.deepcopy(m)
+    c = minicomp.compile(m, backend="cpu")
+    for n in (3, 5, 9, 6):
+        x = torch.randn(*[n if s is None else s for s in shape])
+        if train:
+            out, want = c(x), ref(x)
+            out.sum().backward()
+            want.sum().backward()
+            for p, q in zip(m.parameters(), ref.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+            for b1, b2 in zip(m.buffers(), ref.buffers()):  # batch norm's running statistics
+                torch.testing.assert_close(b1, b2, rtol=1e-5, atol=1e-6)
+            m.zero_grad()
+            ref.zero_grad()
+        else:
+            with torch.no_grad():
+                out, want = c(x), ref(x)
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    graphs = _graphs(c)
+    per_program = 2 if train else 1  # a forward and a backward graph each
+    assert len(graphs) == 2 * per_program, [(g.kind, g.detail.get("symbolic")) for g in graphs]
+    assert all(g.detail.get("guards") == [] for g in graphs[per_program:]), [g.detail.get("guards") for g in graphs]
+    assert all(g.detail.get("symbolic") for g in graphs[per_program:])
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpret", "cuda_emu"])
+def test_means_and_variances_over_a_symbolic_dimension_count_at_run_time(backend):
+    """The count a mean divides by is the call's size, not the size the program was compiled at."""
+    def f(x):
+        return x.mean(0), x.var(0), torch.nn.functional.layer_norm(x.t(), (x.shape[0],)), x.sum(0) / x.shape[0]
+    c = minicomp.compile(f, backend=backend)
+    for n in (3, 4, 11, 6, 29):
+        x = torch.randn(n, 5)
+        for got, want in zip(c(x), f(x)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert len(_graphs(c)) == 2

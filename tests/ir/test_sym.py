@@ -69,9 +69,16 @@ def test_a_size_where_python_needs_an_int_is_a_type_error():
         range(s0)
 
 
-def test_floats_are_cost_estimates_at_the_hints():
+def test_floats_never_mix_with_sizes_silently():
+    """A float of a size at its hint would be right at one size only (a mean's 1/count was): mixing
+    raises, and a cost estimate asks for the hint by name."""
     with sym.using(sym.SymEnv(hints={"s0": 10})):
-        assert s0 * 1.5 == 15.0 and float(2 * s0) == 20.0 and sym.hint(3 * s0) == 30
+        for bad in (lambda: s0 * 1.5, lambda: float(2 * s0), lambda: s0 + 0.5, lambda: 1.0 / s0):
+            with pytest.raises(TypeError):
+                bad()
+        assert sym.hint(3 * s0) == 30
+    f = sym.SizeFloat("/", s0, s0 - 1)  # batch norm's n / (n - 1)
+    assert f.value({"s0": 5}) == 1.25 and sym.concrete({"c": f}, {"s0": 3}) == {"c": 1.5}
 
 
 def test_evaluate_bind_and_concrete():

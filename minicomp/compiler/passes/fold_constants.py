@@ -30,6 +30,8 @@ def run(graph: Graph, ctx=None) -> Graph:
     for n in graph.nodes:
         if OPS[n.op].category not in ("pointwise", "view") or not n.args or any(a.op != "full" for a in n.args):
             continue
+        if any(not isinstance(a.attrs["value"], (bool, int, float)) for a in n.args):
+            continue  # a symbolic size's value is known at run time only
         value = _folded_value(n)
         if value is None:
             continue

@@ -32,7 +32,7 @@ from typing import Callable, NamedTuple, Optional
 import networkx as nx
 
 from ...errors import MinicompError
-from ...ir import OPS, Graph, Node, TensorType
+from ...ir import OPS, Graph, Node, TensorType, sym
 from ..schedule import KernelStep, runs_in_torch
 from .rematerialize import MAX_RECOMPUTE
 
@@ -77,7 +77,8 @@ class Cut:
 
 
 def nbytes(n: Node) -> int:
-    return n.type.nbytes if isinstance(n.type, TensorType) else 0
+    """At the hints for a symbolic size: the cut is decided for the sizes being compiled."""
+    return sym.hint(n.type.nbytes) if isinstance(n.type, TensorType) else 0
 
 
 def _root(n: Node) -> Node:
