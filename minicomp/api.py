@@ -154,6 +154,15 @@ def _wild(key: tuple, dims: frozenset) -> tuple:
     return ("dynamic", frozenset(dims), *out)
 
 
+def _why(key, dims, args, kwargs, dynamic) -> str:
+    """A program's line in the report: what it was compiled for, and why it was needed."""
+    if not dims:
+        return f"static, for the call {_describe(args, kwargs)}" + (" (dynamic=False)" if dynamic is False else "")
+    where = ", ".join(f"argument {i} dim {d}" for i, d in sorted(dims))
+    why = "dynamic=True" if dynamic is True else "its sizes differed from a compiled signature's only there"
+    return f"symbolic in {where} ({why}; first call {_describe(args, kwargs)})"
+
+
 def _describe(args, kwargs) -> str:
     """A call's signature as a user reads it: `(f32[4, 8] grad, i64[4], 2)`."""
     def one(x):
@@ -277,6 +286,7 @@ class CompiledModule:
         if len(self._report.graphs) + len(self._report.eager) == graphs_before:
             self._eager(f"no graph captured for call signature #{len(self._programs)} (nothing to compile, "
                         "or Dynamo skipped the frame): it runs eagerly")
+        self._report.programs.append(_why(key, dims, args, kwargs, self.options.dynamic))
         fast = _fast_path(self.model, key, args, program, dims)
         if dims:
             key = _wild(key, dims)

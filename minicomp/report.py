@@ -101,6 +101,7 @@ class Report:
     steps: list = field(default_factory=list)       # profiled programs' steps, timed (StepReport)
     refusals: list = field(default_factory=list)    # profiled graphs: "graph: producer -> consumer: why"
     runs: list = field(default_factory=list, repr=False)  # the programs built, released with their callable
+    programs: list = field(default_factory=list)    # minicomp.compile: each program it built for a signature, and why
 
     @property
     def replay_bytes(self) -> int:
@@ -116,6 +117,13 @@ class Report:
     def __str__(self) -> str:
         lines = [f"minicomp report: {len(self.graphs)} graph(s), {len(self.kernels)} kernel(s)"]
         lines += ["  " + str(g) for g in self.graphs]
+        lines += [f"  program {i}: {p}" for i, p in enumerate(self.programs, 1)]
+        for g, run in zip(self.graphs, self.runs):
+            if "symbolic" in g.detail:
+                built = getattr(run, "built", None)
+                lines.append(f"  sizes of {g.name}: symbolic inputs {', '.join(g.detail['symbolic'])}; guards: "
+                             f"{'; '.join(g.detail['guards']) or 'none added by minicomp'}"
+                             + (f"; {built} size(s) run so far" if built is not None else ""))
         lines += ["  " + str(p) for p in self.partitions]
         if any("replay_bytes" in g.detail for g in self.graphs):
             lines.append(f"  CUDA Graph replay copies {self.replay_bytes:,} B per call beyond the kernels' traffic "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import MinicompError
-from ..ir import DTYPES, OPS, TensorType
+from ..ir import DTYPES, OPS, TensorType, sym
 from ..ir.ops import Ref, resolve_target
 from ..ir.kernel import describe
 from ..ir.types import itemsize
@@ -31,10 +31,11 @@ def check_devices(graph_name: str, items, device, why: str = "the program reads 
                                 f"program runs on {want} and {why}")
 
 
-def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
+def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu", sizes=None):
     """A fused graph's Program, for any backend: env slots for every value, one step per torch op,
     and `make_launch(kernel, slots)` for each kernel node (slots: its buffers' env slots in
-    Kernel.buffers order). Returns (program, report detail)."""
+    Kernel.buffers order). `sizes`: the symbol values a symbolic graph's instance runs at (its
+    kernels' byte counts are reported at those). Returns (program, report detail)."""
     knodes = [n for n in graph.nodes if n.op == "kernel"]
     slot = {n: i for i, n in enumerate(graph.inputs)}
     constants = [n for n in graph.nodes if n.op == "constant"]
@@ -50,7 +51,8 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu"):
     for n, k in zip(knodes, kernels):
         outs = results.get(n, {})
         launches[n] = make_launch(k, [slot[n.args[j]] if kind == "arg" else slot[outs[j]] for kind, j in n.meta["io"]])
-        reports[n] = KernelReport(k.name, ctx.name, list(k.ops), k.bytes_read, k.bytes_written, k.flops,
+        at = (lambda x: sym.concrete(x, sizes)) if sizes else (lambda x: x)
+        reports[n] = KernelReport(k.name, ctx.name, list(k.ops), at(k.bytes_read), at(k.bytes_written), k.flops,
                                   label=describe(k))
         for j, g in outs.items():
             buffers.append((slot[g], g.type.shape, DTYPES[g.type.dtype],

@@ -71,7 +71,8 @@ def sized_program(graph: Graph, ctx, kernels, make_launch, keepalive, device="cp
             c.report = Report()
         first[0] = False
         c.arena_bytes = arena.plan(g)
-        program, detail = assemble(g, c, kernels, lambda k, slots: make_launch(k, slots, values), keepalive, device)
+        program, detail = assemble(g, c, kernels, lambda k, slots: make_launch(k, slots, values), keepalive, device,
+                                   values)
         program.detail = detail
         return program
 

@@ -168,3 +168,14 @@ def test_means_and_variances_over_a_symbolic_dimension_count_at_run_time(backend
         for got, want in zip(c(x), f(x)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert len(_graphs(c)) == 2
+
+
+def test_report_says_which_dimensions_are_symbolic_and_why_each_program_was_built():
+    c = minicomp.compile(lambda x: torch.softmax(x, -1), backend="cpu")
+    for n in (3, 4, 9):
+        c(torch.randn(n, 5))
+    text = str(c.report())
+    assert "program 1: static, for the call (f32[3, 5])" in text
+    assert "program 2: symbolic in argument 0 dim 0" in text and "first call (f32[4, 5])" in text
+    assert re.search(r"sizes of inference_\d+: symbolic inputs \w+: f32\[s\d+,5\]; guards: none added by minicomp; "
+                     r"2 size\(s\) run so far", text), text
