@@ -52,7 +52,7 @@ def symbol_sources(graph: Graph) -> dict:
             name = sym.as_symbol(s)
             if name is not None:
                 where.setdefault(name, (i, d))
-    missing = sorted(set(graph.sizes) - set(where))
+    missing = sorted(set(graph.sizes) - set(where) - set(graph.size_inputs))
     if missing:
         raise MinicompError(f"minicomp: {graph.name}: size(s) {', '.join(missing)} are not a dimension of any "
                             "input, so a call cannot tell them")
@@ -61,7 +61,7 @@ def symbol_sources(graph: Graph) -> dict:
 
 def sized_program(graph: Graph, ctx, kernels, make_launch, keepalive, device="cpu"):
     """(SizedProgram, report detail of the instance at the hints)."""
-    where = symbol_sources(graph)
+    where = {s: w for s, w in symbol_sources(graph).items() if s not in graph.size_inputs}
     first = [True]
 
     def make(values: dict):
@@ -76,8 +76,8 @@ def sized_program(graph: Graph, ctx, kernels, make_launch, keepalive, device="cp
         program.detail = detail
         return program
 
-    hints = {s: sym.hint(sym.symbol(s)) for s in where}
-    prog = SizedProgram(where, make, keepalive, sym.current().guards)
+    hints = {s: sym.hint(sym.symbol(s)) for s in list(where) + graph.size_inputs}
+    prog = SizedProgram(where, make, keepalive, sym.current().guards, graph.size_inputs)
     detail = dict(prog.make(hints).detail)
     detail["arena_bytes_at_hint"] = detail.pop("arena_bytes", 0)
     return prog, detail
@@ -87,10 +87,10 @@ def per_size_program(graph: Graph, compile_static):
     """For a backend whose code generator takes static sizes only (cuda, cuda_emu): the symbolic
     graph (before the passes) compiled again at each call size, `compile_static(graph)` making the
     static program; the report says so (`specialized_per_size`)."""
-    where = symbol_sources(graph)
+    where = {s: w for s, w in symbol_sources(graph).items() if s not in graph.size_inputs}
 
     def make(values: dict):
         g = concretize(graph, values)
         with sym.using(sym.SymEnv()):
             return compile_static(g)
-    return SizedProgram(where, make, guards=sym.current().guards), {"specialized_per_size": True}
+    return SizedProgram(where, make, guards=sym.current().guards, given=graph.size_inputs), {"specialized_per_size": True}

@@ -27,7 +27,7 @@ from ..options import Options
 from ..report import GraphReport, Report
 from . import graph_cache
 from .debug import Dumper, Progress
-from .frontend import lower, tensor_positions
+from .frontend import lower, size_positions, tensor_positions
 from .sizes import size_env as _size_env, symbolic as _symbolic
 from .pipeline import run_passes
 from .training import make_partition
@@ -191,7 +191,7 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
     log.info("minicomp: %s", g)
 
     program = run
-    run = _with_sizes(run, tensor_positions(gm), len(example_inputs), graph, size_outputs)
+    run = _with_sizes(run, tensor_positions(gm), len(example_inputs), graph, size_outputs, size_positions(gm))
 
     def boxed(args):
         out = run(*args)
@@ -203,19 +203,21 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
     return boxed
 
 
-def _with_sizes(run, positions: list, n_inputs: int, graph, sizes_out: dict):
+def _with_sizes(run, positions: list, n_inputs: int, graph, sizes_out: dict, given_at: dict):
     """The program's call with Dynamo's calling convention: sizes among the inputs are dropped (the
     program reads them from the tensors' shapes), sizes among the outputs (`sizes_out`: position ->
     size) computed from the inputs."""
     if len(positions) == n_inputs and not sizes_out:
         return run
     types = [x.type.shape for x in graph.inputs]
+    given = [given_at[s] for s in graph.size_inputs]  # where the sizes passed as ints are among the args
 
     def call(*args):
         tensors = [args[i] for i in positions]
-        out = run(*tensors)
+        out = run(*tensors, sizes=tuple(int(args[i]) for i in given)) if given else run(*tensors)
         if sizes_out:
             values: dict = {}
+            values.update((s, int(args[i])) for s, i in zip(graph.size_inputs, given))
             for shape, t in zip(types, tensors):
                 sym.bind(shape, tuple(t.shape), values)
             out = list(out)

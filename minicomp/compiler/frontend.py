@@ -260,7 +260,26 @@ def lower(gm: fx.GraphModule, name: str = "forward", strict: bool = False, sizes
     lw = Lowerer(gm, name, strict)
     graph = lw.run()
     graph.sizes = dict(sizes or {})
+    graph.size_inputs = size_inputs(gm, graph)
     return graph, lw.externs
+
+
+def size_inputs(gm: fx.GraphModule, graph: Graph) -> list:
+    """The symbols the graph's SymInt placeholders carry that no input tensor has as a dimension."""
+    dims = {sym.as_symbol(s) for x in graph.inputs for s in x.type.shape}
+    names = {n.meta["val"].node.expr.name for n in gm.graph.nodes if n.op == "placeholder"
+             and isinstance(n.meta.get("val"), torch.SymInt) and n.meta["val"].node.expr.is_Symbol}
+    return sorted(names - dims)
+
+
+def size_positions(gm: fx.GraphModule) -> dict:
+    """symbol name -> the position of the SymInt placeholder that carries it bare."""
+    out = {}
+    for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol:
+            out.setdefault(v.node.expr.name, i)
+    return out
 
 
 def tensor_positions(gm: fx.GraphModule) -> list[int]:

@@ -31,12 +31,15 @@ class Graph:
     outputs: Nodes or None (AOTAutograd's backward returns None for inputs without gradient).
     constants: name -> tensor for `constant` nodes (captured tensor attributes).
     sizes: symbol name -> (lo, hi, hint) for the symbolic sizes in its types (ir/sym.py; hi None:
-    unbounded), printed in the header and read back; empty for a static graph."""
+    unbounded), printed in the header and read back; empty for a static graph.
+    size_inputs: the symbols a call passes as ints (sorted; sizes no input tensor has as a dimension,
+    such as a resumed frame's `n` after `x[:n.item()]`): its program takes them as `sizes=(...)`."""
 
     def __init__(self, name: str, inputs: list[Node], nodes: list[Node], outputs: list[Optional[Node]],
-                 constants: Optional[dict] = None, sizes: Optional[dict] = None):
+                 constants: Optional[dict] = None, sizes: Optional[dict] = None, size_inputs=()):
         self.name = name
         self.sizes = dict(sizes or {})
+        self.size_inputs = list(size_inputs)
         # output position -> a size (int or Sym) the graph returns there, its output being None: a
         # training forward hands sizes to its backward; the program computes them from its inputs
         self.size_outputs: dict = {}

@@ -32,14 +32,14 @@ def prepare(graph: Graph):
     outs = tuple(None if o is None else slot[o] for o in graph.outputs)
     n_in = len(graph.inputs)
 
-    def run(*inputs):
+    def run(*inputs, sizes=()):
         if len(inputs) != n_in:
             raise TypeError(f"graph {graph.name} takes {n_in} inputs, got {len(inputs)}")
         env = list(inputs)
         device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
         values = None
         if symbolic:
-            values = {}
+            values = dict(zip(graph.size_inputs, sizes))
             for x, t in zip(graph.inputs, inputs):
                 sym.bind(x.type.shape, tuple(t.shape), values)
         for ref, args, attrs in steps:

@@ -49,7 +49,7 @@ def _type(c: Cursor):
     return TensorType(tuple(dims), val)
 
 
-_SIZES = re.compile(r"([A-Za-z_][A-Za-z0-9_]*) in (\d+)\.\.(\d*) hint (\d+)$")
+_SIZES = re.compile(r"([A-Za-z_][A-Za-z0-9_]*) in (\d+)\.\.(\d*) hint (\d+)( given)?$")
 
 
 def _sizes(lineno: int, ln: str) -> dict:
@@ -59,7 +59,7 @@ def _sizes(lineno: int, ln: str) -> dict:
         m = _SIZES.match(part.strip())
         if m is None:
             raise ParseError(f"line {lineno}: cannot read the size {part.strip()!r} (want `s0 in 2..1024 hint 128`)")
-        out[m.group(1)] = (int(m.group(2)), int(m.group(3)) if m.group(3) else None, int(m.group(4)))
+        out[m.group(1)] = (int(m.group(2)), int(m.group(3)) if m.group(3) else None, int(m.group(4)), bool(m.group(5)))
     return out
 
 
@@ -185,6 +185,8 @@ def parse(text: str) -> Graph:
     if pos < len(lines) and lines[pos][1].startswith("sizes "):
         sizes = _sizes(*lines[pos])
         pos += 1
+    given = sorted(s for s, v in sizes.items() if v[3])
+    sizes = {s: v[:3] for s, v in sizes.items()}
     while pos < len(lines):
         lineno, ln = lines[pos]
         pos += 1
@@ -217,4 +219,4 @@ def parse(text: str) -> Graph:
     if got != out_types:
         raise ParseError(f"line {lines[0][0]}: header declares outputs ({', '.join(map(str, out_types))}) "
                          f"but the return line gives ({', '.join(map(str, got))})")
-    return Graph(name, inputs, nodes, outputs, sizes=sizes)
+    return Graph(name, inputs, nodes, outputs, sizes=sizes, size_inputs=given)

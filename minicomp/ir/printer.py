@@ -7,7 +7,7 @@
     }
 
 Body nodes are numbered in order; inputs keep their names. A graph with symbolic sizes (`f32[s0,768]`)
-says their ranges and hints on a `sizes` line under the header. A fused graph's `kernel` node prints its
+says their ranges and hints on a `sizes` line under the header (`given`: a call passes it as an int). A fused graph's `kernel` node prints its
 body inline, in braces under it (ir/kernel.py). `parser.parse` reads this text back.
 """
 from __future__ import annotations
@@ -65,6 +65,7 @@ def print_graph(graph: Graph) -> str:
     lines = [f"graph {graph.name}({params}) -> ({outs}) {{"]
     if graph.sizes:  # `sizes s0 in 2..1024 hint 128, s1 in 2.. hint 7`
         lines.append("  sizes " + ", ".join(f"{s} in {lo}..{'' if hi is None else hi} hint {h}"
+                                            + (" given" if s in graph.size_inputs else "")
                                             for s, (lo, hi, h) in sorted(graph.sizes.items())))
     for n in graph.nodes:
         lines += node_lines(n, names)

@@ -22,9 +22,11 @@ class SizedProgram:
 
     MAX_INSTANCES = 64
 
-    def __init__(self, where: dict, make, keepalive=None, guards=()):
-        self.names = list(where)
-        self.where = [where[s] for s in self.names]
+    def __init__(self, where: dict, make, keepalive=None, guards=(), given=()):
+        """`given`: the symbols a call passes as ints (`sizes=`, in this order) instead of as a dimension."""
+        self.given = list(given)
+        self.where = list(where.values())
+        self.names = list(where) + self.given
         self.make = make
         self.guards = guards
         self.keepalive = keepalive  # the machine code every instance runs
@@ -34,8 +36,8 @@ class SizedProgram:
         self._released = False
         self.last = None
 
-    def instance(self, inputs):
-        key = tuple(inputs[i].shape[d] for i, d in self.where)
+    def instance(self, inputs, sizes=()):
+        key = tuple(inputs[i].shape[d] for i, d in self.where) + tuple(sizes)
         prog = self.instances.get(key)
         if prog is None:
             with self._lock:
@@ -56,8 +58,8 @@ class SizedProgram:
         self.last = prog
         return prog
 
-    def __call__(self, *inputs):
-        return self.instance(inputs)(*inputs)
+    def __call__(self, *inputs, sizes=()):
+        return self.instance(inputs, sizes)(*inputs)
 
     def release(self) -> None:
         with self._lock:

@@ -9,7 +9,7 @@ import torch
 from minicomp.backends import build
 from minicomp.compiler.capture import make_context
 from minicomp.compiler.pipeline import run_passes
-from minicomp.ir import interpret, parse, print_graph, verify
+from minicomp.ir import interpret, parse, prepare, print_graph, verify
 from minicomp.options import Options
 from minicomp.runtime.sized import SizedProgram
 
@@ -96,3 +96,27 @@ def test_cpu_kernels_are_compiled_once_and_read_sizes_at_run_time():
     for n in (4, 5003):
         run(*_inputs(n))
         assert run.keepalive is jit  # the same machine code for every size
+
+
+GIVEN = """graph g(%x: f32[8]) -> (f32[s0]) {
+  sizes s0 in 2..8 hint 4 given
+  %0: f32[s0] = slice %x [dim=0, end=size("s0"), start=0, step=1]
+  %1: f32[s0] = mul %0 %0
+  return %1
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpu"])
+def test_a_size_no_input_carries_is_passed_as_an_int(backend):
+    """x[:n] after `n = t.item()`: the size arrives as an argument (`given`), not as a dimension."""
+    g = parse(GIVEN)
+    assert g.size_inputs == ["s0"] and print_graph(g) == GIVEN
+    if backend == "interpret":
+        run = prepare(g)
+    else:
+        ctx = make_context(Options.make(backend), g.name, backend)
+        run = build(run_passes(g, ctx), ctx, backend)[0]
+    x = torch.randn(8)
+    for n in (2, 5, 8):
+        torch.testing.assert_close(run(x, sizes=(n,))[0], x[:n] * x[:n])

@@ -179,3 +179,43 @@ def test_report_says_which_dimensions_are_symbolic_and_why_each_program_was_buil
     assert "program 2: symbolic in argument 0 dim 0" in text and "first call (f32[4, 5])" in text
     assert re.search(r"sizes of inference_\d+: symbolic inputs \w+: f32\[s\d+,5\]; guards: none added by minicomp; "
                      r"2 size\(s\) run so far", text), text
+
+
+DATA_DEPENDENT = {  # name: (function, inputs, what the report's graph break names)
+    "item_as_start": (lambda x, i: torch.narrow(x, 0, i.item(), 2) * 2, lambda k: (torch.randn(6, 3), torch.tensor(k)),
+                      "Tensor.item()"),
+    "item_as_size": (lambda x, n: x[: n.item()] * 2, lambda k: (torch.randn(6), torch.tensor(k + 1)), "Tensor.item()"),
+    "boolean_mask": (lambda x: x[x > 0].sum() + 1, lambda k: (torch.randn(6 + k),), "nonzero"),
+    "nonzero": (lambda x: torch.nonzero(x > 0).float().sum(0) * 3, lambda k: (torch.randn(5 + k, 2),), "nonzero"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DATA_DEPENDENT))
+def test_data_dependent_sizes_are_a_graph_break_the_report_names(name):
+    """A size only the data knows cuts the function at a graph break: the code around it runs in
+    torch, what follows is compiled, and the report names the break; never silently all in torch."""
+    fn, make, named = DATA_DEPENDENT[name]
+    c = minicomp.compile(fn, backend="cpu")
+    for k in (1, 2, 3):
+        args = make(k)
+        torch.testing.assert_close(c(*args), fn(*args))
+    report = c.report()
+    assert report.graphs, "the code after the break is compiled"
+    assert any("graph break" in e and named in e for e in report.eager), report.eager
+
+
+def test_hf_gpt2_over_sequence_lengths_two_programs():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, vocab_size=100, n_positions=256)
+    m = transformers.GPT2Model(cfg).eval()
+
+    def f(ids):
+        return m(ids).last_hidden_state
+    c = minicomp.compile(f, backend="cpu")
+    with torch.no_grad():
+        for T in (37, 5, 200, 2, 64, 129, 18):
+            ids = torch.randint(0, 100, (2, T))
+            torch.testing.assert_close(c(ids), f(ids), rtol=1e-4, atol=1e-5)
+    graphs = _graphs(c)
+    assert len(graphs) == 2 and graphs[1].detail["symbolic"] and graphs[1].detail["guards"] == []

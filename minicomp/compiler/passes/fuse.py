@@ -87,7 +87,7 @@ def build_graph(graph: Graph, sch: Schedule) -> Graph:
             nodes.append(g)
             remap[r] = g
     outputs = [None if o is None else remap[o] for o in graph.outputs]
-    return Graph(graph.name, graph.inputs, nodes, outputs, graph.constants, graph.sizes)
+    return Graph(graph.name, graph.inputs, nodes, outputs, graph.constants, graph.sizes, graph.size_inputs)
 
 
 def _read_from_memory(graph: Graph, sch: Schedule) -> set:

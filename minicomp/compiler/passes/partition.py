@@ -281,7 +281,7 @@ def _backward(graph: Graph, n_fwd: int, saved: list, recomputed: list) -> tuple[
         origin[c] = n
         nodes.append(c)
     outs = [None if o is None else copies[o] for o in graph.outputs[n_fwd:]]
-    return Graph(f"{graph.name}_backward", inputs, nodes, outs, graph.constants, graph.sizes), origin
+    return Graph(f"{graph.name}_backward", inputs, nodes, outs, graph.constants, graph.sizes, graph.size_inputs), origin
 
 
 def split(graph: Graph, n_fwd: int, saved: list, recomputed: list) -> tuple[Graph, Graph]:
@@ -295,7 +295,7 @@ def split(graph: Graph, n_fwd: int, saved: list, recomputed: list) -> tuple[Grap
         if n in live:
             live.update(n.args)
     fw = Graph(f"{graph.name}_forward", [x for x in graph.inputs if x not in tangents],
-               [n for n in graph.nodes if n in live], fw_out, graph.constants, graph.sizes)
+               [n for n in graph.nodes if n in live], fw_out, graph.constants, graph.sizes, graph.size_inputs)
     return fw, _backward(graph, n_fwd, saved, recomputed)[0]
 
 
