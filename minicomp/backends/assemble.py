@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import MinicompError
-from ..ir import DTYPES, OPS, TensorType, sym
+from ..ir import DTYPES, OPS, TensorType, sym_values
 from ..ir.ops import Ref, resolve_target
 from ..ir.kernel import describe
 from ..ir.types import itemsize
@@ -51,7 +51,7 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu", sizes=No
     for n, k in zip(knodes, kernels):
         outs = results.get(n, {})
         launches[n] = make_launch(k, [slot[n.args[j]] if kind == "arg" else slot[outs[j]] for kind, j in n.meta["io"]])
-        at = (lambda x: sym.concrete(x, sizes)) if sizes else (lambda x: x)
+        at = (lambda x: sym_values.concrete(x, sizes)) if sizes else (lambda x: x)
         reports[n] = KernelReport(k.name, ctx.name, list(k.ops), at(k.bytes_read), at(k.bytes_written), k.flops,
                                   label=describe(k))
         for j, g in outs.items():

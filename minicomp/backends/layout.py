@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import DTYPES, OPS, Node, TensorType, sym
+from ..ir import DTYPES, OPS, Node, TensorType, sym_values
 
 CONTIGUOUS_TORCH_OPS = ("mm", "bmm")  # torch ops whose result is always a new contiguous tensor
 
@@ -18,7 +18,7 @@ CONTIGUOUS_TORCH_OPS = ("mm", "bmm")  # torch ops whose result is always a new c
 def meta_of(node: Node):
     """A meta tensor of node's type, contiguous: the stand-in for views' layout arithmetic (over
     symbolic sizes at the hints: what the scheduler asks of it only decides speed)."""
-    return torch.empty(sym.hinted(node.type.shape), dtype=DTYPES[node.type.dtype], device="meta")
+    return torch.empty(sym_values.hinted(node.type.shape), dtype=DTYPES[node.type.dtype], device="meta")
 
 
 def free_layout_inputs(graph) -> set:

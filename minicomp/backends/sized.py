@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 
 from ..errors import MinicompError
-from ..ir import Graph, Node, TensorType, sym
+from ..ir import Graph, Node, TensorType, sym, sym_values
 from ..report import Report
 from ..runtime.sized import SizedProgram
 from . import arena
@@ -36,7 +36,7 @@ def concretize(graph: Graph, values: dict) -> Graph:
         inputs.append(new[x])
     nodes = []
     for n in graph.nodes:
-        attrs = sym.concrete(n.attrs, values) if sym.has_sym(n.attrs) else n.attrs
+        attrs = sym_values.concrete(n.attrs, values) if sym_values.has_sym(n.attrs) else n.attrs
         c = Node(n.op, tuple(new[a] for a in n.args), attrs, _type(n.type, values), n.name, dict(n.meta))
         c.meta.pop("arena_offset", None)
         new[n] = c
@@ -49,7 +49,7 @@ def symbol_sources(graph: Graph) -> dict:
     where: dict = {}
     for i, x in enumerate(graph.inputs):
         for d, s in enumerate(x.type.shape):
-            name = sym.as_symbol(s)
+            name = sym_values.as_symbol(s)
             if name is not None:
                 where.setdefault(name, (i, d))
     missing = sorted(set(graph.sizes) - set(where) - set(graph.size_inputs))

@@ -22,7 +22,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-from ..ir import sym, verify
+from ..ir import sym, sym_values, verify
 from ..options import Options
 from ..report import GraphReport, Report
 from . import graph_cache
@@ -219,10 +219,10 @@ def _with_sizes(run, positions: list, n_inputs: int, graph, sizes_out: dict, giv
             values: dict = {}
             values.update((s, int(args[i])) for s, i in zip(graph.size_inputs, given))
             for shape, t in zip(types, tensors):
-                sym.bind(shape, tuple(t.shape), values)
+                sym_values.bind(shape, tuple(t.shape), values)
             out = list(out)
             for i, s in sizes_out.items():
-                out[i] = sym.concrete(s, values)
+                out[i] = sym_values.concrete(s, values)
         return out
     return call
 

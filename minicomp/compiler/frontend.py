@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import MinicompError, UnsupportedOpError
-from ..ir import Graph, Node, Ref, TensorType, dtype_name, sym
+from ..ir import Graph, Node, Ref, TensorType, dtype_name, sym, sym_read, sym_values
 from ..ir.types import dim
 # the lower_* modules fill the lowering table when imported
 from . import lower_index, lower_nn, lower_pointwise, lower_pool, lower_reduce, lower_view  # noqa: F401
@@ -88,7 +88,7 @@ def _extern_value(v, refs: list):
     if isinstance(v, torch.device):
         return str(v)
     if v is None or isinstance(v, (bool, int, float, str, torch.dtype, torch.layout, torch.memory_format, sym.Sym,
-                                   sym.SizeFloat)):
+                                   sym_values.SizeFloat)):
         return v  # a symbolic size is made concrete at each call
     raise MinicompError(f"cannot pass {v!r} ({type(v).__name__}) to an extern op")
 
@@ -109,7 +109,7 @@ class Lowerer:
             if isinstance(val, torch.SymInt):  # a size Dynamo passes along: the tensors' shapes carry it too
                 self.env[node] = dim(val)
             elif isinstance(val, torch.SymFloat):  # a float of sizes a forward handed its backward
-                self.env[node] = sym.float_from_sympy(val.node.expr)
+                self.env[node] = sym_read.float_from_sympy(val.node.expr)
             elif not isinstance(val, torch.Tensor):
                 raise MinicompError(f"graph input {node.name} is {type(val).__name__}, not a tensor or a size")
         for node in self.gm.graph.nodes:
@@ -130,7 +130,7 @@ class Lowerer:
                 self.env[node] = self.call(node)
             elif node.op == "output":
                 values = fx.node.map_arg(node.args[0], lambda a: self.env[a])
-                sized = (int, float, sym.Sym, sym.SizeFloat)
+                sized = (int, float, sym.Sym, sym_values.SizeFloat)
                 outputs = [None if isinstance(o, sized) else self._fresh(fx_out, self._output(o))
                            for fx_out, o in zip(node.args[0], values)]
                 sizes_out = {i: o for i, o in enumerate(values) if isinstance(o, sized) and not isinstance(o, bool)}
@@ -177,11 +177,11 @@ class Lowerer:
             return dim(val)
         if isinstance(val, torch.SymFloat):  # a float of sizes: the ops given it run in torch
             op = _FLOAT_OPS.get(node.target)
-            if op is not None and len(args) == 2 and all(isinstance(a, (int, float, sym.Sym, sym.SizeFloat))
+            if op is not None and len(args) == 2 and all(isinstance(a, (int, float, sym.Sym, sym_values.SizeFloat))
                                                          for a in args):
-                return sym.SizeFloat(op, *args)
+                return sym_values.SizeFloat(op, *args)
             if node.target is torch.sym_float and isinstance(args[0], (int, sym.Sym)):
-                return sym.SizeFloat("*", args[0], 1.0)
+                return sym_values.SizeFloat("*", args[0], 1.0)
             raise MinicompError(f"{node.target} makes a float from symbolic sizes ({val.node.expr}), which "
                                 f"minicomp cannot hold\n  at {b.meta['source']}")
         unbacked = _unbacked(val)
@@ -266,7 +266,7 @@ def lower(gm: fx.GraphModule, name: str = "forward", strict: bool = False, sizes
 
 def size_inputs(gm: fx.GraphModule, graph: Graph) -> list:
     """The symbols the graph's SymInt placeholders carry that no input tensor has as a dimension."""
-    dims = {sym.as_symbol(s) for x in graph.inputs for s in x.type.shape}
+    dims = {sym_values.as_symbol(s) for x in graph.inputs for s in x.type.shape}
     names = {n.meta["val"].node.expr.name for n in gm.graph.nodes if n.op == "placeholder"
              and isinstance(n.meta.get("val"), torch.SymInt) and n.meta["val"].node.expr.is_Symbol}
     return sorted(names - dims)

@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..backends.layout import CONTIGUOUS_TORCH_OPS, meta_of
-from ..ir import sym
-from ..ir import OPS, Graph, Node
+from ..ir import OPS, Graph, Node, sym_values
 from .kernelize import KernelBuilder, NotFusable, prefix_reshape
 
 TORCH_CATEGORIES = ("matmul", "extern", "tuple")
@@ -215,7 +214,7 @@ def _view_copies(chain: list, base: Node, kernel_ops) -> bool:
         return False
     root = t = meta_of(base)
     for v in reversed(chain):  # over symbolic sizes, at the hints
-        t = OPS[v.op].ref([t], sym.hinted(v.attrs), "meta")
+        t = OPS[v.op].ref([t], sym_values.hinted(v.attrs), "meta")
     return not (t._is_view() and t._base is root)
 
 

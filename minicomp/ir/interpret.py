@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import sym
+from . import sym_values
 from .graph import Graph
 from .kernel_interpret import kernel_node_ref
 from .ops import OPS
@@ -41,14 +41,14 @@ def prepare(graph: Graph):
         if symbolic:
             values = dict(zip(graph.size_inputs, sizes))
             for x, t in zip(graph.inputs, inputs):
-                sym.bind(x.type.shape, tuple(t.shape), values)
+                sym_values.bind(x.type.shape, tuple(t.shape), values)
         for ref, args, attrs in steps:
             if ref is None:
                 env.append(args.to(device))
             elif attrs is None:  # a kernel: its sizes
                 env.append(ref([env[i] for i in args], values, device))
             else:
-                env.append(ref([env[i] for i in args], attrs if values is None else sym.concrete(attrs, values), device))
+                env.append(ref([env[i] for i in args], attrs if values is None else sym_values.concrete(attrs, values), device))
         return [None if i is None else env[i] for i in outs]
     return run
 

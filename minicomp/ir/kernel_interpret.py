@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import sym
+from . import sym, sym_values
 from .index import Expr, Var
 from .kernel import Kernel, KExpr
 from .scalar import SCALAR
@@ -102,7 +102,7 @@ def run_kernel(k: Kernel, bufs: list, device="cpu", sizes=None) -> None:
 def kernel_node_ref(node, args: list, device, sizes=None):
     """Interpret a fused graph's `kernel` node: returns the tuple of its results."""
     k, io = node.meta["kernel"], node.meta["io"]
-    results = [torch.empty(sym.concrete(t.shape, sizes or {}), dtype=DTYPES[t.dtype], device=device) for t in node.type]
+    results = [torch.empty(sym_values.concrete(t.shape, sizes or {}), dtype=DTYPES[t.dtype], device=device) for t in node.type]
     bufs = [args[j].contiguous() if kind == "arg" else results[j] for kind, j in io]
     run_kernel(k, bufs, device, sizes)
     return tuple(results)

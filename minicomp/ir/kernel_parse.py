@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 
-from . import sym
+from . import sym_read
 from .index import Expr, Var, _Op
 from .kernel import Buffer, Kernel, KExpr, Reduction, Store
 from .text import Cursor, read_attrs, read_value, tokens
@@ -30,7 +30,7 @@ _DOMAIN = re.compile(r"domain \((.*?)\)(?: x \[(.*)\])?$")
 
 def _num(tok: str):
     """An int, or a size expression in braces ({768*s0})."""
-    return sym.parse(tok[1:-1]) if tok.startswith("{") else int(tok)
+    return sym_read.parse(tok[1:-1]) if tok.startswith("{") else int(tok)
 
 
 class _Body:
@@ -173,7 +173,7 @@ def parse_kernel(body: list, node, env: dict, error) -> tuple[Kernel, list]:
                 for item in filter(None, (s.strip() for s in part.split(","))):
                     vname, _, size = item.partition(":")
                     try:
-                        extent = sym.parse(size)
+                        extent = sym_read.parse(size)
                     except ValueError:
                         extent = None
                     if vname in p.vars or extent is None:
@@ -183,7 +183,7 @@ def parse_kernel(body: list, node, env: dict, error) -> tuple[Kernel, list]:
                 loops.append(tuple(vs))
             k.outer, k.inner = loops
         elif ln.startswith("flops ") and section is None:
-            k.flops = sym.parse(ln.split()[1])
+            k.flops = sym_read.parse(ln.split()[1])
         elif ln.startswith("b") and section is None:
             m = _BUFFER.match(ln)
             if not m or int(m.group(1)) != len(k.buffers):
@@ -201,7 +201,7 @@ def parse_kernel(body: list, node, env: dict, error) -> tuple[Kernel, list]:
                 holder = node.args[j]
             fast = _NAME_ATTR.match(m.group(7))
             name = json.loads(fast.group(1)) if fast else p.attrs(m.group(7)).get("name")
-            k.buffers.append(Buffer(name, m.group(2), sym.parse(m.group(3)), holder))
+            k.buffers.append(Buffer(name, m.group(2), sym_read.parse(m.group(3)), holder))
         elif re.fullmatch(r"stage \d+:", ln):
             if int(ln[6:-1]) != len(k.stages):
                 p.error(f"expected stage {len(k.stages)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from . import sym
+from . import sym_read
 from .graph import Graph, Node
 from .kernel_parse import parse_kernel, resolve_outputs
 from .text import Cursor, ParseError, read_attrs, tokens
@@ -38,13 +38,13 @@ def _type(c: Cursor):
         if tok is None:
             raise ParseError(f"line {c.lineno}: a type's dimensions have no closing ]")
         if tok == "," and not depth:
-            dims.append(sym.parse(text))
+            dims.append(sym_read.parse(text))
             text = ""
             continue
         depth += (tok == "(") - (tok == ")")
         text += tok
     if text:
-        dims.append(sym.parse(text))
+        dims.append(sym_read.parse(text))
     c.next()
     return TensorType(tuple(dims), val)
 

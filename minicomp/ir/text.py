@@ -8,7 +8,7 @@ import re
 
 import torch
 
-from . import sym
+from . import sym, sym_read, sym_values
 from .ops import Ref
 from .types import DTYPES
 
@@ -30,7 +30,7 @@ def format_value(v) -> str:
         return repr(v)
     if isinstance(v, sym.Sym):
         return f'size("{v}")'  # a symbolic size in an attribute: view [shape=(size("4*s0"), 768)]
-    if isinstance(v, sym.SizeFloat):  # a float of sizes: n / (n - 1) is sizef("/", size("s0"), size("s0-1"))
+    if isinstance(v, sym_values.SizeFloat):  # a float of sizes: n / (n - 1) is sizef("/", size("s0"), size("s0-1"))
         return f'sizef("{v.op}", {format_value(v.a)}, {format_value(v.b)})'
     if isinstance(v, (torch.dtype, torch.layout, torch.memory_format)):
         return str(v)  # torch.float32, torch.strided, torch.contiguous_format
@@ -112,7 +112,7 @@ def read_value(c: Cursor):
             c.next()
             kind, text = c.next()
             c.expect(")")
-            return sym.parse(json.loads(text))
+            return sym_read.parse(json.loads(text))
         if val == "sizef" and c.peek()[1] == "(":
             c.next()
             op = json.loads(c.next()[1])
@@ -121,7 +121,7 @@ def read_value(c: Cursor):
             c.expect(",")
             b = read_value(c)
             c.expect(")")
-            return sym.SizeFloat(op, a, b)
+            return sym_values.SizeFloat(op, a, b)
         return val  # bare word: a dtype name such as f32
     if val in ("(", "["):
         close = ")" if val == "(" else "]"

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import sym
+from . import sym, sym_read
 
 # short name -> torch dtype; the order is the printer's and parser's vocabulary
 DTYPES: dict[str, torch.dtype] = {
@@ -70,7 +70,7 @@ def dim(s):
     from its expression, never by asking the SymInt for an int, which would specialize it)."""
     if isinstance(s, torch.SymInt):
         expr = s.node.expr
-        return int(expr) if expr.is_number else sym.from_sympy(expr)
+        return int(expr) if expr.is_number else sym_read.from_sympy(expr)
     return int(s)
 
 

@@ -1,0 +1,99 @@
+"""Values made of symbolic sizes (ir/sym.py): floats computed from sizes (SizeFloat), sizes bound from
+a call's shapes (bind), attributes at a call's sizes (concrete) or at the hints (hinted)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from .sym import Sym, evaluate, hint
+
+class SizeFloat:
+    """A float computed from sizes (batch norm's n / (n - 1), a mean's 1 / numel): `op` one of
+    + - * / applied to two operands (numbers, Syms or SizeFloats). Kernels never hold one; an op
+    given it runs in torch with its value at each call's sizes."""
+    __slots__ = ("op", "a", "b")
+    OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y, "/": lambda x, y: x / y}
+
+    def __init__(self, op: str, a, b):
+        self.op, self.a, self.b = op, a, b
+
+    def __repr__(self):
+        return f"({self.a} {self.op} {self.b})"
+
+    def value(self, values: dict) -> float:
+        def v(x):
+            return x.value(values) if isinstance(x, SizeFloat) else float(evaluate(x, values)) if isinstance(x, Sym) else x
+        return float(SizeFloat.OPS[self.op](v(self.a), v(self.b)))
+
+
+def as_symbol(x) -> Optional[str]:
+    """The name when x is a bare symbol (`s0`, not `2*s0`), else None."""
+    if isinstance(x, Sym) and x.const == 0 and len(x.terms) == 1:
+        (m, c), = x.terms
+        if c == 1 and len(m) == 1 and isinstance(m[0], str):
+            return m[0]
+    return None
+
+
+def bind(dims, sizes, values: Optional[dict] = None) -> dict:
+    """Symbol values from actual sizes: `dims` the declared dimensions (ints or Syms), `sizes` the
+    actual ints, position by position. A bare symbol takes its size; a composite one (2*s0) and an int
+    are checked against theirs. ValueError names a dimension that does not fit."""
+    values = {} if values is None else values
+    later = []
+    for d, s in zip(dims, sizes):
+        name = as_symbol(d)
+        if name is not None:
+            if values.setdefault(name, s) != s:
+                raise ValueError(f"size {name} is {values[name]} in one place and {s} in another")
+        elif isinstance(d, Sym):
+            later.append((d, s))
+        elif d != s:
+            raise ValueError(f"a dimension of size {d} got size {s}")
+    for d, s in later:
+        try:
+            got = evaluate(d, values)
+        except KeyError as e:
+            raise ValueError(f"size {e.args[0]} appears only inside {d}: cannot tell it from the inputs") from None
+        if got != s:
+            raise ValueError(f"a dimension of size {d} = {got} got size {s}")
+    return values
+
+
+def concrete(x, values: dict):
+    """x (an attribute value: an int, Sym, SizeFloat, tuple, list or dict of them) at sizes `values`."""
+    if isinstance(x, Sym):
+        return evaluate(x, values)
+    if isinstance(x, SizeFloat):
+        return x.value(values)
+    if isinstance(x, tuple):
+        return tuple(concrete(v, values) for v in x)
+    if isinstance(x, list):
+        return [concrete(v, values) for v in x]
+    if isinstance(x, dict):
+        return {k: concrete(v, values) for k, v in x.items()}
+    return x
+
+
+def hinted(x):
+    """x (an attribute value, a shape) at the hints: for decisions that only affect speed."""
+    if isinstance(x, Sym):
+        return hint(x)
+    if isinstance(x, SizeFloat):
+        return SizeFloat.OPS[x.op](hinted(x.a), hinted(x.b))
+    if isinstance(x, tuple):
+        return tuple(hinted(v) for v in x)
+    if isinstance(x, list):
+        return [hinted(v) for v in x]
+    if isinstance(x, dict):
+        return {k: hinted(v) for k, v in x.items()}
+    return x
+
+
+def has_sym(x) -> bool:
+    if isinstance(x, (Sym, SizeFloat)):
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(has_sym(v) for v in x)
+    if isinstance(x, dict):
+        return any(has_sym(v) for v in x.values())
+    return False
