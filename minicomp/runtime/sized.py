@@ -5,7 +5,8 @@ does depend on the size -- output and arena shapes, the arena's layout, views' s
 kernel's thread split -- is laid out per size: a call binds the symbols from its inputs' shapes
 and runs the Program instance for those sizes, made the first time they arrive (a concrete copy of
 the graph planned and assembled as a static program is, over the same machine code: a few
-milliseconds, no code generation) and kept, the most recently used MAX_INSTANCES of them.
+milliseconds, no code generation) and kept: the most recently used MAX_INSTANCES of them, fewer when
+their arenas together pass ARENA_BUDGET (a language model's 512 lengths must not hold 512 arenas).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class SizedProgram:
     Dynamo installed its guards, could otherwise run at a size its compile ruled out)."""
 
     MAX_INSTANCES = 64
+    ARENA_BUDGET = 256 << 20  # bytes of arena the kept instances may hold together (at least one is kept)
 
     def __init__(self, where: dict, make, keepalive=None, guards=(), given=()):
         """`given`: the symbols a call passes as ints (`sizes=`, in this order) instead of as a dimension."""
@@ -39,6 +41,11 @@ class SizedProgram:
     def instance(self, inputs, sizes=()):
         key = tuple(inputs[i].shape[d] for i, d in self.where) + tuple(sizes)
         prog = self.instances.get(key)
+        if prog is not None and self.last is not prog:
+            try:
+                self.instances.move_to_end(key)
+            except KeyError:  # dropped meanwhile by another thread's new size
+                pass
         if prog is None:
             with self._lock:
                 prog = self.instances.get(key)
@@ -53,13 +60,23 @@ class SizedProgram:
                     prog = self.make(values)
                     self.instances[key] = prog
                     self.built += 1
-                    while len(self.instances) > self.MAX_INSTANCES:
-                        self.instances.popitem(last=False)[1].release()
+                    held = sum(getattr(p, "arena_bytes", 0) for p in self.instances.values())
+                    while len(self.instances) > 1 and (len(self.instances) > self.MAX_INSTANCES
+                                                       or held > self.ARENA_BUDGET):
+                        old = self.instances.popitem(last=False)[1]
+                        held -= getattr(old, "arena_bytes", 0)
+                        old.release()
         self.last = prog
         return prog
 
     def __call__(self, *inputs, sizes=()):
-        return self.instance(inputs, sizes)(*inputs)
+        prog = self.instance(inputs, sizes)
+        try:
+            return prog(*inputs)
+        except RuntimeError:
+            if not prog._released or self._released:
+                raise
+            return self.instance(inputs, sizes)(*inputs)  # another thread's new size evicted it just now
 
     def release(self) -> None:
         with self._lock:

@@ -249,3 +249,28 @@ def test_a_training_step_copies_no_tensor():
     (eager(x) * w).sum().backward()
     for p, q in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_sized_program_keeps_instances_within_its_arena_budget():
+    """A symbolic program lays out an instance per size; past the arena budget the least recently
+    used go (a language model's many lengths must not each keep an arena)."""
+    import minicomp
+    from minicomp.runtime.sized import SizedProgram
+
+    w = torch.randn(1024, 8)
+
+    def f(x):
+        return torch.cos(torch.sin(x) @ w)  # sin(x) lives in the arena: a kernel writes it, mm reads it
+    c = minicomp.compile(f, backend="cpu")
+    c(torch.randn(3, 1024))
+    c(torch.randn(4, 1024))
+    prog = c.report().runs[-1]
+    assert isinstance(prog, SizedProgram)
+    prog.ARENA_BUDGET = 3 * 1024 * 4 * 100  # about three instances' worth at ~100 rows
+    assert prog.last.arena_bytes > 0
+    for n in range(90, 110):
+        x = torch.randn(n, 1024)
+        torch.testing.assert_close(c(x), f(x), rtol=1e-4, atol=1e-4)
+    held = sum(p.arena_bytes for p in prog.instances.values())
+    assert held <= prog.ARENA_BUDGET or len(prog.instances) == 1
+    assert len(prog.instances) < 20 and prog.built == 21
