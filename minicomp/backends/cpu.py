@@ -92,7 +92,7 @@ def _sized_launch(jit):
     an array it points to, and runs whole or on the OpenMP team as the size at hand calls for."""
     import ctypes
 
-    from ..codegen.llvm import PART_SUFFIX, check_sites, kernel_symbols, outer_extent
+    from ..codegen.llvm import PART_SUFFIX, WHOLE_SUFFIX, check_sites, kernel_symbols, outer_extent
     from ..ir import sym
     from ..runtime import cpu
     from ..runtime.cpu import KernelLaunch
@@ -103,7 +103,8 @@ def _sized_launch(jit):
         names = kernel_symbols(k)
         sizes = (ctypes.c_int64 * len(names))(*[values[s] for s in names]) if names else None
         m = cpu.launch_mode(work, ext)
-        mode, entry = {"whole": ("args", None), "openmp": ("part", jit.address(k.name + PART_SUFFIX))}.get(m, (m, None))
+        mode, entry = {"whole": ("table", jit.address(k.name + WHOLE_SUFFIX)),
+                       "openmp": ("part", jit.address(k.name + PART_SUFFIX))}.get(m, (m, None))
         return KernelLaunch(jit.address(k.name), slots, ext, k.name, mode, entry, None, tuple(check_sites(k)), sizes)
     return launch
 

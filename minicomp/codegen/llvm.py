@@ -55,7 +55,7 @@ I32 = ir.IntType(32)
 # without arguments costs a fifth of one with three) and reads its buffer pointers from <name>_bufs;
 # one it splits across threads gets <name>_par(i32 threads), which runs a chunk of the range on each
 # thread of an OpenMP team (GOMP_parallel: torch's own OpenMP runtime, see runtime/cpu.py)
-RUN_SUFFIX, PAR_SUFFIX, BUFS_SUFFIX, PART_SUFFIX = "_run", "_par", "_bufs", "_part"
+RUN_SUFFIX, PAR_SUFFIX, BUFS_SUFFIX, PART_SUFFIX, WHOLE_SUFFIX = "_run", "_par", "_bufs", "_part", "_whole"
 BODY_DEFINITION = re.compile(r'^define internal void @"[^"]*_body"', re.M)  # one per distinct body (body_key)
 # A kernel's buffer table holds its buffers, then one more pointer: the 32-bit word where a kernel
 # that checks (check_sites) sets bit j when check j failed. Each table has its own word, so calls
@@ -322,6 +322,7 @@ class KernelCodegen:
         wb.call(fn, ptrs + [wrapper.args[1], wrapper.args[2]])
         wb.ret_void()
         if self.sized:  # no global table: each program instance passes its own (runtime/sized.py)
+            self.whole_entry(wrapper)
             if self.openmp:
                 self.parallel(wrapper, None)
             return
@@ -389,6 +390,23 @@ class KernelCodegen:
             self.b.branch(start_bb)
         return fn
 
+    def extent_from(self, b, table):
+        """The outer extent, computed in builder b from the sizes array `table` points to."""
+        ext = outer_extent(self.k)
+        if not isinstance(ext, sym.Sym):
+            return I64(ext)
+        sizes = b.load(b.gep(table, [I64(len(self.k.buffers) + 1)], source_etype=PTR), typ=PTR)
+        vals = {s: b.load(b.gep(sizes, [I64(i)], source_etype=I64), typ=I64) for i, s in enumerate(self.symbols)}
+        return emit_sym(b, ext, vals)
+
+    def whole_entry(self, wrapper) -> None:
+        """<name>_whole(ptr table): the whole outer range in one call taking one argument (a ctypes
+        call costs about 0.2 us an argument): how a sized program instance runs a kernel unsplit."""
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), self.k.name + WHOLE_SUFFIX)
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        b.call(wrapper, [fn.args[0], I64(0), self.extent_from(b, fn.args[0])])
+        b.ret_void()
+
     def parallel(self, wrapper, table) -> None:
         """<name>_par(i32 threads): GOMP_parallel runs <name>_omp on each thread of a team (the caller
         included), and each runs its share [ext*t/n, ext*(t+1)/n) of the outer range. With `table`
@@ -406,12 +424,7 @@ class KernelCodegen:
         b = ir.IRBuilder(task.append_basic_block("entry"))
         t, n = b.sext(b.call(thread_num, []), I64), b.sext(b.call(num_threads, []), I64)
         data = table if table is not None else task.args[0]
-        if table is None and self.symbols:
-            sizes = b.load(b.gep(data, [I64(len(k.buffers) + 1)], source_etype=PTR), typ=PTR)
-            vals = {s: b.load(b.gep(sizes, [I64(i)], source_etype=I64), typ=I64) for i, s in enumerate(self.symbols)}
-            ext = emit_sym(b, outer_extent(k), vals) if isinstance(outer_extent(k), sym.Sym) else I64(outer_extent(k))
-        else:
-            ext = I64(outer_extent(k))
+        ext = self.extent_from(b, data) if table is None else I64(outer_extent(k))
         lo = b.sdiv(b.mul(ext, t), n)
         hi = b.sdiv(b.mul(ext, b.add(t, I64(1))), n)
         b.call(wrapper, [data, lo, hi])

@@ -31,6 +31,7 @@ _KERNEL_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _RUN_T = ctypes.CFUNCTYPE(None)
 _PAR_T = ctypes.CFUNCTYPE(None, ctypes.c_int32)
 _PART_T = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_void_p)
+_WHOLE_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _OPENMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
 _lock = threading.Lock()
 _state: dict = {}
@@ -178,7 +179,8 @@ class KernelLaunch:
         """`entry`: the address of <name>_run ("whole") or <name>_par ("openmp"), which read the
         module's global table at `bufs` (<name>_bufs); mode "args" calls <name>(table, 0, extent)
         with a table of its own, "chunks" splits that call over our thread pool, "part" calls
-        <name>_part(threads, table) (a kernel over symbolic sizes on the OpenMP team). `sizes`: the
+        <name>_part(threads, table) (a sized program's kernel on the OpenMP team), "table" calls
+        <name>_whole(table) (one of its kernels over the whole range). `sizes`: the
         int64 array of the symbol values such a kernel reads (its table's last entry points to it)."""
         self.fn_addr, self.fn = fn_addr, _KERNEL_T(fn_addr)
         self.failed = ctypes.c_int32(0) if sites else None
@@ -188,6 +190,7 @@ class KernelLaunch:
         self.run = _RUN_T(entry) if mode == "whole" else None
         self.par = _PAR_T(entry) if mode == "openmp" else None
         self.part = _PART_T(entry) if mode == "part" else None
+        self.whole = _WHOLE_T(entry) if mode == "table" else None
         self.entry = entry
         n = len(slots) + 1 + (sizes is not None)
         self.ptrs = (ctypes.c_void_p * n).from_address(bufs) if bufs is not None else (ctypes.c_void_p * n)()
@@ -225,6 +228,9 @@ class KernelLaunch:
         if self.mode == "part":
             ns[f"R{k}"] = self.part
             return lines + [f"R{k}(threads(), {self.ptrs_addr})"]
+        if self.mode == "table":
+            ns[f"R{k}"] = self.whole
+            return lines + [f"R{k}({self.ptrs_addr})"]
         return lines + [f"R{k}()" if self.run is not None else f"R{k}(threads())"]
 
     def prefill(self, fixed) -> None:
@@ -244,6 +250,8 @@ class KernelLaunch:
             self.run()
         elif self.part is not None:
             self.part(threads(), self.ptrs_addr)
+        elif self.whole is not None:
+            self.whole(self.ptrs_addr)
         elif self.par is not None:
             # torch's setting at each call, as its own ops read it: torch.set_num_threads(1) in a
             # forked worker (a DataLoader's) keeps this call off the parent's OpenMP threads
