@@ -45,12 +45,6 @@ def kernel_ops(backend: str):
     return b.kernel_ops(), b.FLOPS_PER_BYTE
 
 
-def symbolic_kernels(backend: str) -> bool:
-    """Whether the backend runs a graph over symbolic sizes as one program (its kernels take the
-    sizes at run time); the others compile it again per size (backends/sized.py per_size_program)."""
-    return getattr(REGISTRY.get(backend), "SYMBOLIC", False)
-
-
 def build(graph, ctx, backend: str):
     """Returns (run(*inputs) -> list of outputs, detail dict for the report)."""
     if backend not in REGISTRY:

@@ -7,7 +7,6 @@ graph keeps (ctx.artifacts) is keyed by what those decisions read.
 """
 from __future__ import annotations
 
-SYMBOLIC = True  # a graph over symbolic sizes is one program (runtime/sized.py)
 
 import math
 import time
@@ -92,8 +91,9 @@ def _sized_launch(jit):
     an array it points to, and runs whole or on the OpenMP team as the size at hand calls for."""
     import ctypes
 
-    from ..codegen.llvm import PART_SUFFIX, WHOLE_SUFFIX, check_sites, kernel_symbols, outer_extent
+    from ..codegen.llvm import PART_SUFFIX, WHOLE_SUFFIX, check_sites, outer_extent
     from ..ir import sym
+    from ..ir.kernel import kernel_symbols
     from ..runtime import cpu
     from ..runtime.cpu import KernelLaunch
 

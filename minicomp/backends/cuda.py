@@ -2,7 +2,9 @@
 
 The source is compiled with NVRTC for the device's exact architecture and launched with pycuda
 (runtime/cuda.py), the whole program replayed as a CUDA Graph (runtime/cuda_graph.py). `cuda_emu`
-(cuda_emu.py) builds the same source through `generate` here, so the two run one text.
+(cuda_emu.py) builds the same source through `generate` here, so the two run one text. A graph over
+symbolic sizes is compiled once; each call size gets a program instance over the one module
+(sized.py), its launches passing that size's values and grid, replayed as a CUDA Graph of its own.
 """
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ import os
 import time
 
 from .. import options
+from ..ir import sym
 from .assemble import assemble, check_devices
+from .layout import free_layout_inputs
+from .sized import sized_program
 
 FLOPS_PER_BYTE = 40.0  # the machine balance the fusion cost model plans for
 DEFAULT_SM_COUNT = 132  # an H200, when there is no device to ask
@@ -72,14 +77,19 @@ def build(graph, ctx):
     (runtime/cuda.py CudaRunner; a compile runs right before its first call anyway). The whole
     program is replayed as a CUDA Graph unless cuda_graphs=False."""
     from ..runtime import cubin, nvrtc
+    from ..runtime import cuda as runtime
     from ..runtime.cuda import CudaLaunch, CudaModule, CudaRunner
+    from ..runtime.cuda_graph import GraphReplay
 
     t0 = time.perf_counter()
+    sized, env = bool(graph.sizes), sym.current()
     kernels, source, launches = generate(graph, ctx)
     names = [k.name for k in kernels]
     detail = {"kernels": len(kernels), "arena_bytes": ctx.arena_bytes, "remat_bytes_saved": ctx.remat_bytes_saved,
               "strategies": [launches[n].strategy for n in names],
               "codegen_ms": round((time.perf_counter() - t0) * 1e3, 1), "cuda_graphs": ctx.options.cuda_graphs}
+    if sized:  # planned per call size: sized.py reports the arena at the hints
+        del detail["arena_bytes"]
 
     def bind(where, dev, inputs):
         binary = nvrtc.compile(source, dev.arch, prelude_headers(), driver=dev.driver_version) if kernels else None
@@ -87,12 +97,19 @@ def build(graph, ctx):
             cubin.check(binary.data, [launches[n] for n in names], dev.arch)
         module = CudaModule(dev, binary.data, names) if kernels else None
 
-        def launch(k, slots):
+        def launch(k, slots, values=None):
             lc = launches[k.name]
-            return CudaLaunch(module, k.name, lc.grid, lc.block, lc.shared_bytes, slots)
-        program, more = assemble(on_device(graph, where), ctx, kernels, launch, module, device=str(where))
-        check_devices(ctx.name, [(f"input {i}", inputs[i]) for i in program.contiguous_inputs], where,
-                      "kernels read it")
+            grid, sizes = lc.at(values) if values is not None else (lc.grid, ())
+            return CudaLaunch(module, k.name, grid, lc.block, lc.shared_bytes, slots, sizes)
+        if sized:  # a CUDA Graph per instance: each is a static program
+            wrap = (lambda p: GraphReplay(p, dev.torch_stream, detail, api=runtime.tc)) if ctx.options.cuda_graphs else None
+            with sym.using(env):  # bound at the first call, outside build's SymEnv: the same one again
+                program, more = sized_program(on_device(graph, where), ctx, kernels, launch, module, str(where), wrap)
+        else:
+            program, more = assemble(on_device(graph, where), ctx, kernels, launch, module, device=str(where))
+        read = (program.contiguous_inputs if not sized else  # no instance yet: the inputs of no free layout
+                [i for i, x in enumerate(graph.inputs) if x not in free_layout_inputs(graph)])
+        check_devices(ctx.name, [(f"input {i}", inputs[i]) for i in read], where, "kernels read it")
         detail.update(more, binary=binary.kind if binary else None, device=str(where))
         return program
-    return CudaRunner(bind, detail, ctx.options.cuda_graphs, ctx.arena_bytes), detail
+    return CudaRunner(bind, detail, ctx.options.cuda_graphs and not sized, ctx.arena_bytes), detail

@@ -3,14 +3,18 @@
 The source (cuda.py generate) is compiled for the host with runtime/cuda_emu.h and runs on CPU
 tensors: kernel steps are emulated launches, torch steps and the arena are the ordinary Program's.
 Launches are capped to small grids and blocks (every CUDA thread is an OS thread); the kernels are
-grid-stride, so their results do not depend on the launch size.
+grid-stride, so their results do not depend on the launch size. A graph over symbolic sizes builds
+its library once, and each call size gets a program instance over it (sized.py), its launches
+passing that size's values and grids.
 """
 from __future__ import annotations
+
 
 import time
 
 from . import cuda
 from .assemble import assemble
+from .sized import sized_program
 
 EMU_MAX_GRID = 2
 EMU_MAX_BLOCK = 128
@@ -26,9 +30,13 @@ def build(graph, ctx):
     module = EmuModule(source, [k.name for k in kernels], cuda.prelude_headers()) if kernels else None
     codegen_s = time.perf_counter() - t0
 
-    def launch(k, slots):
+    def launch(k, slots, values=None):
         lc = launches[k.name]
-        return EmuLaunch(module, k.name, lc.grid, lc.block, lc.shared_bytes, slots)
-    program, detail = assemble(graph, ctx, kernels, launch, module)
+        grid, sizes = lc.at(values) if values is not None else (lc.grid, ())
+        return EmuLaunch(module, k.name, grid, lc.block, lc.shared_bytes, slots, sizes)
+    if graph.sizes:
+        program, detail = sized_program(graph, ctx, kernels, launch, module)
+    else:
+        program, detail = assemble(graph, ctx, kernels, launch, module)
     detail.update(strategies=[launches[k.name].strategy for k in kernels], codegen_ms=round(codegen_s * 1e3, 1))
     return program, detail

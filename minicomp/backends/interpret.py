@@ -6,7 +6,6 @@ from __future__ import annotations
 from ..ir import prepare
 
 FLOPS_PER_BYTE = 0.0
-SYMBOLIC = True  # a graph over symbolic sizes runs as one program (ir/interpret.py binds the sizes)
 
 
 def kernel_ops():

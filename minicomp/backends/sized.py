@@ -59,8 +59,8 @@ def symbol_sources(graph: Graph) -> dict:
     return where
 
 
-def sized_program(graph: Graph, ctx, kernels, make_launch, keepalive, device="cpu"):
-    """(SizedProgram, report detail of the instance at the hints)."""
+def sized_program(graph: Graph, ctx, kernels, make_launch, keepalive, device="cpu", wrap=None):
+    """(SizedProgram, report detail of the instance at the hints); `wrap`: SizedProgram's."""
     where = {s: w for s, w in symbol_sources(graph).items() if s not in graph.size_inputs}
     first = [True]
 
@@ -77,20 +77,8 @@ def sized_program(graph: Graph, ctx, kernels, make_launch, keepalive, device="cp
         return program
 
     hints = {s: sym.hint(sym.symbol(s)) for s in list(where) + graph.size_inputs}
-    prog = SizedProgram(where, make, keepalive, sym.current().guards, graph.size_inputs)
+    prog = SizedProgram(where, make, keepalive, sym.current().guards, graph.size_inputs, wrap)
     detail = dict(prog.make(hints).detail)
     detail["arena_bytes_at_hint"] = detail.pop("arena_bytes", 0)
     return prog, detail
 
-
-def per_size_program(graph: Graph, compile_static):
-    """For a backend whose code generator takes static sizes only (cuda, cuda_emu): the symbolic
-    graph (before the passes) compiled again at each call size, `compile_static(graph)` making the
-    static program; the report says so (`specialized_per_size`)."""
-    where = {s: w for s, w in symbol_sources(graph).items() if s not in graph.size_inputs}
-
-    def make(values: dict):
-        g = concretize(graph, values)
-        with sym.using(sym.SymEnv()):
-            return compile_static(g)
-    return SizedProgram(where, make, guards=sym.current().guards, given=graph.size_inputs), {"specialized_per_size": True}

@@ -20,13 +20,20 @@ re-read the row from memory for the next stage: the second read of a row just re
 the code stays the same for every row length (no register or shared-memory row cache).
 
 Every memory index is wrapped in MC_IN(index, extent): nothing on the GPU, a bounds check in cuda_emu.
+
+Symbolic sizes (ir/sym.py): a kernel over them takes each symbol it reads (ir/kernel.py
+kernel_symbols) as a `long long` parameter after its buffers, and every extent, coefficient, divisor
+and checked extent is a C expression of those. Its layout and block come from the sizes at the hints
+(cuda_plan.py), its grid from each call's sizes (`Launch.at`); the loops guard every bound, so the
+same text is right at every size.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ir import sym
 from ..ir.index import Expr, Var
-from ..ir.kernel import Kernel, KExpr
+from ..ir.kernel import Kernel, KExpr, kernel_symbols
 from ..ir.scalar import SCALAR
 from ..ir.types import itemsize
 from . import cuda_ops as ops
@@ -44,6 +51,13 @@ class Launch:
     shared_bytes: int   # dynamic shared memory; the block reductions' arrays are static __shared__
     strategy: str       # pointwise | pointwise-vec<V> | thread | warp | block
     bound: int = 0      # the kernel's __launch_bounds__: no launch of it may have more threads
+    symbols: tuple = ()  # the sizes it takes after its buffers (long long each), in this order
+    grid_of: object = None  # symbolic sizes: values (symbol -> int) -> the grid; `grid` is at the hints
+
+    def at(self, values: dict) -> tuple[int, list]:
+        """(grid, size arguments) of a launch at sizes `values`."""
+        grid = self.grid if self.grid_of is None else self.grid_of(values)
+        return grid, [values[s] for s in self.symbols]
 
 
 def generate(kernels, sm_count: int = 132, max_grid: int | None = None, max_block: int | None = None,
@@ -62,9 +76,14 @@ def generate(kernels, sm_count: int = 132, max_grid: int | None = None, max_bloc
                 raise ValueError(f"block={block}: want whole warps, at most {MAX_BLOCK} threads")
             planned = block
         parts.append(gen.generate(planned))
-        grid = max(1, min(grid, max_grid or grid))
         threads = max(32, min(planned, max_block or planned) // 32 * 32)  # layouts count whole warps
-        launches.append(Launch(k.name, grid, threads, 0, gen.plan.label, planned))
+        grid_of = None
+        if gen.symbols:  # the grid follows the sizes of each call; the block stays as planned
+            def grid_of(values, p=gen.plan):
+                g = p.launch(sm_count, values)[0]
+                return max(1, min(g, max_grid or g))
+        grid = max(1, min(grid, max_grid or grid))
+        launches.append(Launch(k.name, grid, threads, 0, gen.plan.label, planned, tuple(gen.symbols), grid_of))
     return "\n".join(parts), launches
 
 
@@ -82,6 +101,7 @@ class _KernelGen:
         self.rename: dict = {}      # loop variable name -> the C expression to use instead
         self.vec_loads: dict = {}   # id(load) -> vector variable holding it (pointwise vector path)
         self.exprs = k.exprs()
+        self.symbols = kernel_symbols(k)  # symbolic sizes: `long long` parameters after the buffers
         self.plan = plan(k, self.exprs, warp_row_max)
         self.idx_t, self.strategy, self.vector = self.plan.idx_t, self.plan.strategy, self.plan.vector
 
@@ -114,9 +134,9 @@ class _KernelGen:
             elif atom.kind == "data":
                 s = f"({self.idx_t})({self.value(atom.c)})"
             else:
-                s = f"(({self.index(atom.expr)}) {'/' if atom.kind == 'div' else '%'} {atom.c})"
+                s = f"(({self.index(atom.expr)}) {'/' if atom.kind == 'div' else '%'} {_lit(atom.c)})"
             parts.append(s if c == 1 else f"{_lit(c)} * {s}")
-        if e.const or not parts:
+        if sym.is_sym(e.const) or e.const or not parts:
             parts.append(_lit(e.const))
         return " + ".join(parts)
 
@@ -151,7 +171,7 @@ class _KernelGen:
             stride //= v.size
             s = flat if stride == 1 else f"{flat} / {_lit(stride)}"
             if i > 0:
-                s = f"({s}) % {_lit(v.size)}" if stride > 1 else f"{s} % {_lit(v.size)}"
+                s = f"({s}) % {_lit(v.size)}" if stride != 1 else f"{s} % {_lit(v.size)}"
             self.emit(f"const {self.idx_t} {v.name} = {s};")
 
     # -- pointwise -----------------------------------------------------------------------------------
@@ -293,13 +313,15 @@ class _KernelGen:
         else:
             self.pointwise()
         written = {s.buf for s in k.inner_stores + k.outer_stores}
-        params = ", ".join(f"{'' if i in written else 'const '}{ops.MEM[b.dtype]}* __restrict__ b{i}"
-                           for i, b in enumerate(k.buffers))
+        params = ", ".join([f"{'' if i in written else 'const '}{ops.MEM[b.dtype]}* __restrict__ b{i}"
+                            for i, b in enumerate(k.buffers)] + [f"const long long {s}" for s in self.symbols])
         how = {"thread": "a thread per row", "warp": "a warp per row", "block": "a block per row"}.get(
             self.strategy, self.plan.label)
         kind = "pointwise" if self.strategy == "pointwise" else "row"  # a reduction over size-1 dims has no inner loop
         head = [f"// {k.name}: {kind} kernel over {k.domain_str()}, {how}, {self.idx_t} indices",
                 f"// fused: {' '.join(k.ops) or '(copy)'}"]
+        if self.symbols:
+            head.append(f"// sizes at run time: {', '.join(self.symbols)}")
         for i, b in enumerate(k.buffers):
             shape = getattr(getattr(b.node, "type", None), "shape", None)
             shape = ",".join(map(str, shape)) if shape is not None else str(b.numel)
@@ -308,5 +330,4 @@ class _KernelGen:
         return "\n".join(head + [decl] + self.lines + ["}", ""])
 
 
-def _lit(v: int) -> str:
-    return f"{v}LL" if abs(v) >= (1 << 31) else str(v)
+_lit = ops.size  # a size's C text: a literal, or an expression of the size parameters

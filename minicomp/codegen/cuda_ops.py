@@ -21,6 +21,7 @@ import math
 import struct
 
 from ..ir.scalar import SCALAR, backend_ops, operand_dtype
+from ..ir.sym import Sym
 from ..ir.types import DTYPES, FLOATS, LOW_FLOATS, UNSIGNED
 
 LEFT_TO_TORCH = ("erfinv", "copy")  # no recipe yet: they run as torch ops between kernels
@@ -34,6 +35,21 @@ REG = {"f32": "float", "f16": "float", "bf16": "float", "f64": "double", "i64": 
        "i16": "short", "i8": "signed char", "u8": "unsigned char", "b8": "bool"}
 MEM = {**REG, "f16": "__half", "bf16": "__nv_bfloat16", "b8": "unsigned char"}
 _VIA = {"i8": "mc_f2i32", "i16": "mc_f2i32", "i32": "mc_f2i32", "u8": "mc_f2i64", "i64": "mc_f2i64"}
+
+
+def size(x) -> str:
+    """A size in C: an int literal (`LL` past 32 bits), or for a symbolic size (ir/sym.py) an
+    expression of the kernel's `long long` size parameters, named as the symbols are."""
+    if not isinstance(x, Sym):
+        return f"{x}LL" if abs(x) >= (1 << 31) else str(x)
+    parts = []
+    for mono, c in x.terms:
+        factors = [a if isinstance(a, str) else f"({size(a.arg)} {'/' if a.kind == 'div' else '%'} {size(a.d)})"
+                   for a in mono]
+        parts.append(" * ".join(factors if c == 1 else [f"{c}LL", *factors]))
+    if x.const:
+        parts.append(f"{x.const}LL")
+    return "(" + " + ".join(parts) + ")"
 
 
 def emit(g, op: str, a: list, dtype: str, attrs: dict, arg_dtypes) -> str:
@@ -172,6 +188,10 @@ def _isinf(g, a, adt, at):
     return f"({fn('fabs', adt)}({a[0]}) == {'MC_INF_D' if adt == 'f64' else 'MC_INF_F'})"
 
 
+def _ll(x) -> str:
+    return f"{x}LL" if isinstance(x, int) else size(x)
+
+
 def _math(name):
     return lambda g, a, adt, at: f"{fn(name, adt)}({a[0]})"
 
@@ -182,10 +202,11 @@ def _math2(name):
 
 LOWER = {
     "load": _load,
-    "const": lambda g, a, adt, at: const(adt, at["value"]),
+    "const": lambda g, a, adt, at: (cast(size(at["value"]), "i64", adt) if isinstance(at["value"], Sym)  # a mean's count
+                                    else const(adt, at["value"])),
     "index": lambda g, a, adt, at: cast(g.index(at["expr"]), "i64", adt),
     "acc": lambda g, a, adt, at: g.accs[id(at["red"])],
-    "clamp_index": lambda g, a, adt, at: f"mc_clamp_index((long long)({a[0]}), {at['size']}LL)",
+    "clamp_index": lambda g, a, adt, at: f"mc_clamp_index((long long)({a[0]}), {_ll(at['size'])})",
     "add": _arith("+", "add"), "sub": _arith("-", "sub"), "mul": _arith("*", "mul"),
     "neg": lambda g, a, adt, at: f"mc_wrap_sub(({REG[adt]})0, {a[0]})" if adt in WRAPS else f"(-{a[0]})",
     "div": _infix("/"),

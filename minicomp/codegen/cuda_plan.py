@@ -9,12 +9,15 @@ Pointwise kernels get a vector width V when some buffer is accessed contiguously
 variable at V-aligned offsets: V elements of the widest such buffer make 16 bytes. Index math is
 32-bit when every index provably stays below 2^30 (room for grid-stride overshoot), else 64-bit.
 Launches are at most one full wave (THREADS_PER_SM on every SM); loops are grid-stride beyond that.
+Over symbolic sizes the layout, block and vector width are chosen at the hints (sym.hint: no guard;
+every layout is correct at every size), a vector width only where V provably divides what must stay
+V-aligned, 32-bit indices only where the ranges prove them, and the grid at each call's sizes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import OPS
+from ..ir import OPS, sym
 from ..ir.index import Expr, Var
 from ..ir.kernel import Kernel, walk
 from ..ir.types import itemsize
@@ -33,27 +36,36 @@ LIMIT32 = 1 << 30
 class Plan:
     strategy: str           # pointwise | thread | warp | block
     idx_t: str              # C type of index math: int | long long
-    rows: int               # outer iterations (pointwise: elements)
-    length: int             # inner iterations a row (pointwise: 1)
+    rows: object            # outer iterations (pointwise: elements); an int or a symbolic size
+    length: object          # inner iterations a row (pointwise: 1)
     vector: tuple | None    # pointwise: (V, ids of loads read V-wide, positions of outer stores written V-wide)
 
     @property
     def label(self) -> str:
         return f"pointwise-vec{self.vector[0]}" if self.vector else self.strategy
 
-    def launch(self, sm_count: int) -> tuple[int, int]:
-        """(grid, block): blocks of 256 threads (a block-row layout widens them for long rows)."""
-        wave = sm_count * THREADS_PER_SM
+    @property
+    def block(self) -> int:
+        """Threads a block: 256 (a block-row layout widens them for long rows, at the hints when the
+        length is symbolic: any length runs correctly at any block, lanes stride the row)."""
+        if self.strategy != "block":
+            return 256
+        length = sym.hint(self.length)
+        return 256 if length <= 4096 else 512 if length <= 16384 else 1024
+
+    def launch(self, sm_count: int, values: dict | None = None) -> tuple[int, int]:
+        """(grid, block) at sizes `values` (symbol -> int; the hints when None): at most one wave."""
+        rows = sym.hint(self.rows) if values is None else sym.evaluate(self.rows, values)
+        wave, block = sm_count * THREADS_PER_SM, self.block
         if self.strategy == "pointwise":
-            work = self.rows // (self.vector[0] if self.vector else 1)
+            work = rows // (self.vector[0] if self.vector else 1)
         elif self.strategy == "thread":
-            work = self.rows
+            work = rows
         elif self.strategy == "warp":
-            work = self.rows * 32
+            work = rows * 32
         else:
-            block = 256 if self.length <= 4096 else 512 if self.length <= 16384 else 1024
-            return min(self.rows, wave // block), block
-        return min(-(-work // 256), wave // 256), 256
+            return min(rows, wave // block), block
+        return min(-(-work // block), wave // block), block
 
 
 def prod(vs) -> int:
@@ -69,19 +81,21 @@ def plan(k: Kernel, exprs: list, warp_row_max: int = WARP_ROW_MAX) -> Plan:
     idx_t = "int" if _fits32(k, exprs) else "long long"
     if not k.inner and not k.stages and not k.inner_stores:  # reductions over no dims or size-1 dims
         return Plan("pointwise", idx_t, rows, 1, _vector(k, exprs))
-    if length <= THREAD_ROW_MAX or (_column(k) and rows >= COLUMN_MIN_ROWS):
+    hint_len = sym.hint(length)  # a symbolic row length or row count picks its layout at the hints
+    if hint_len <= THREAD_ROW_MAX or (_column(k) and sym.hint(rows) >= COLUMN_MIN_ROWS):
         strategy = "thread"
     else:
-        strategy = "warp" if length <= warp_row_max else "block"
+        strategy = "warp" if hint_len <= warp_row_max else "block"
     return Plan(strategy, idx_t, rows, length, None)
 
 
-def _bound(e: Expr) -> int:
-    """Largest |value| any partial sum of `e` can take (data atoms are clamped gather indices)."""
+def _bound(e: Expr):
+    """Largest |value| any partial sum of `e` can take (data atoms are clamped gather indices); a
+    symbolic size when the extents are (raises SymbolicError when a sign is unknown)."""
     total = abs(e.const)
     for a, c in e.terms:
         if isinstance(a, Var):
-            b = max(a.size - 1, 0)
+            b = a.size if sym.is_sym(a.size) else max(a.size - 1, 0)
         elif a.kind == "div":
             b = _bound(a.expr) // a.c
         elif a.kind == "mod":
@@ -93,10 +107,14 @@ def _bound(e: Expr) -> int:
 
 
 def _fits32(k: Kernel, exprs) -> bool:
+    """Every index provably (for every size, ir/sym.py `known`) below LIMIT32."""
     indices = [e.attrs["index"] for e in exprs if e.op == "load"] + [e.attrs["expr"] for e in exprs if e.op == "index"]
     indices += [s.index for s in k.inner_stores + k.outer_stores]
     sizes = [b.numel for b in k.buffers] + [prod(k.outer) * prod(k.inner)]
-    return max(sizes) < LIMIT32 and all(_bound(e) < LIMIT32 for e in indices)
+    try:
+        return all(sym.known(x, "<", LIMIT32) for x in sizes + [_bound(e) for e in indices])
+    except sym.SymbolicError:
+        return False
 
 
 def _column(k: Kernel) -> bool:
@@ -119,10 +137,17 @@ def _vector(k: Kernel, exprs):
     if not contiguous:
         return None
     width = min(8, 16 // max(itemsize(k.buffers[b].dtype) for b, _, _ in contiguous))
-    if width < 2 or prod(k.outer) < width or (len(k.outer) > 1 and v.size % width):
+    # fewer elements than V (at the hints) skip the vector loop; the scalar tail does them
+    if width < 2 or sym.hint(prod(k.outer)) < width or (len(k.outer) > 1 and not _divides(width, v.size)):
         return None
     chosen = [key for _, idx, key in contiguous
-              if idx.const % width == 0 and all(c % width == 0 for a, c in idx.terms if a.name != v.name)]
+              if _divides(width, idx.const) and all(_divides(width, c) for a, c in idx.terms if a.name != v.name)]
     if not chosen:
         return None
     return (width, {i for kind, i in chosen if kind == "load"}, {j for kind, j in chosen if kind == "store"})
+
+
+def _divides(width: int, x) -> bool:
+    """width divides x for every size (a symbolic x: when its remainder simplifies to 0)."""
+    r = sym.mod(x, width)
+    return isinstance(r, int) and r == 0

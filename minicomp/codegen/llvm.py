@@ -40,7 +40,7 @@ import llvmlite.ir as ir
 
 from ..ir import sym
 from ..ir.index import Expr, Var
-from ..ir.kernel import Kernel, KernelPrinter, KExpr, walk
+from ..ir.kernel import Kernel, KernelPrinter, KExpr, kernel_symbols, walk
 from .collapse import collapse
 from .columns import columns, emit_columns
 from .pieces import split
@@ -487,34 +487,6 @@ def emit_sym(b, x, vals: dict):
         v = v if c == 1 else b.mul(v, I64(c))
         total = v if total is None else b.add(total, v)
     return total
-
-
-def kernel_symbols(k: Kernel) -> list:
-    """The symbolic sizes kernel k reads at run time, sorted: its loop extents, index coefficients
-    and divisors, the sizes its gathers check against and the sizes it computes with."""
-    found: set = set()
-
-    def expr(e: Expr):
-        found.update(sym.free_symbols(e.const))
-        for a, c in e.terms:
-            found.update(sym.free_symbols(c))
-            if not isinstance(a, Var) and a.kind != "data":
-                found.update(sym.free_symbols(a.c))
-                expr(a.expr)
-            elif isinstance(a, Var):
-                found.update(sym.free_symbols(a.size))
-    for v in k.outer + k.inner:
-        found.update(sym.free_symbols(v.size))
-    for e in k.exprs():
-        for name in ("index", "expr"):
-            if isinstance(e.attrs.get(name), Expr):
-                expr(e.attrs[name])
-        for name in ("size", "value"):  # a clamp's bound, a size as a constant (a mean's count)
-            if isinstance(e.attrs.get(name), sym.Sym):
-                found.update(sym.free_symbols(e.attrs[name]))
-    for st in k.inner_stores + k.outer_stores:
-        expr(st.index)
-    return sorted(found)
 
 
 def body_key(k: Kernel, whole: bool) -> str:

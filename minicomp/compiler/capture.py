@@ -126,7 +126,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
 
 def _compile(gm, example_inputs, options: Options, report: Report, kind: str, cache_key, cached,
              sizes=None, guards=None):
-    from ..backends import build, resolve_backend, symbolic_kernels  # backends import codegen/runtime lazily
+    from ..backends import build, resolve_backend  # backends import codegen/runtime lazily
     devices = {str(x.device.type) for x in example_inputs if isinstance(x, torch.Tensor)}
     if devices - {"cpu", "cuda"}:  # meta, mps, xpu...: torch runs them as eager would
         msg = (f"{kind} graph on {', '.join(sorted(devices - {'cpu', 'cuda'}))} tensors: minicomp compiles CPU "
@@ -165,12 +165,9 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
         externs = [n.attrs["target"] for n in graph.nodes if n.op == "extern"]
         size_outputs = graph.size_outputs
         progress(f"lowered to {len(graph.nodes)} IR nodes")
-        if graph.sizes and not symbolic_kernels(backend):  # its code generator takes static sizes only
-            run, detail = _per_size(graph, ctx, backend)
-        else:
-            graph = run_passes(graph, ctx)
-            progress(f"passes done: {sum(n.op == 'kernel' for n in graph.nodes)} kernels")
-            run, detail = build(graph, ctx, backend)
+        graph = run_passes(graph, ctx)
+        progress(f"passes done: {sum(n.op == 'kernel' for n in graph.nodes)} kernels")
+        run, detail = build(graph, ctx, backend)
     progress(f"{backend} code generated and loaded")
     if options.profile:  # the least any program of this graph moves: its inputs read, its outputs written once
         detail["min_bytes"] = sum(x.type.nbytes for x in graph.inputs) + sum(
@@ -225,22 +222,6 @@ def _with_sizes(run, positions: list, n_inputs: int, graph, sizes_out: dict, giv
                 out[i] = sym_values.concrete(s, values)
         return out
     return call
-
-
-def _per_size(graph, ctx, backend: str):
-    """A symbolic graph on a backend without symbolic kernels: compiled again at each call size."""
-    from ..backends import build
-    from ..backends.sized import per_size_program
-    sizes = [0]
-    log.warning("minicomp: %s: the %s backend compiles static sizes only; this graph is compiled again for "
-                "each size it is called at", ctx.name, backend)
-
-    def compile_static(g):
-        sizes[0] += 1
-        c = make_context(ctx.options, f"{ctx.name}_size{sizes[0]}", backend, ctx.report)
-        g = run_passes(g, c)
-        return build(g, c, backend)[0]
-    return per_size_program(graph, compile_static)
 
 
 def _symbolic_inputs(graph) -> list:

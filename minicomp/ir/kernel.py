@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import sym
 from .index import Expr, Var, _fmt, data_values
 from .text import format_value
 
@@ -142,6 +143,37 @@ def walk(roots) -> list:
 
 
 LABEL_OPS = 4  # distinct ops a kernel's label names before "+N"
+
+
+def kernel_symbols(k: Kernel) -> list:
+    """The symbolic sizes kernel k reads at run time, sorted: its loop extents, index coefficients
+    and divisors, the sizes its gathers check against or compute with, and its buffers' extents (cuda_emu checks
+    every access against them). Both code generators take them in this order."""
+    found: set = set()
+
+    def expr(e: Expr):
+        found.update(sym.free_symbols(e.const))
+        for a, c in e.terms:
+            found.update(sym.free_symbols(c))
+            if not isinstance(a, Var) and a.kind != "data":
+                found.update(sym.free_symbols(a.c))
+                expr(a.expr)
+            elif isinstance(a, Var):
+                found.update(sym.free_symbols(a.size))
+    for v in k.outer + k.inner:
+        found.update(sym.free_symbols(v.size))
+    for b in k.buffers:
+        found.update(sym.free_symbols(b.numel))
+    for e in k.exprs():
+        for name in ("index", "expr"):
+            if isinstance(e.attrs.get(name), Expr):
+                expr(e.attrs[name])
+        for name in ("size", "value"):  # a clamp's bound, a size as a constant (a mean's count)
+            if isinstance(e.attrs.get(name), sym.Sym):
+                found.update(sym.free_symbols(e.attrs[name]))
+    for st in k.inner_stores + k.outer_stores:
+        expr(st.index)
+    return sorted(found)
 
 
 def describe(k: Kernel) -> str:

@@ -97,6 +97,10 @@ class Sym:
 
     __str__ = __repr__
 
+    def __format__(self, spec: str) -> str:
+        """As its expression: reports format sizes and byte counts with `:,` or a width."""
+        return format(repr(self), spec.replace(",", "").replace("_", ""))
+
     def __hash__(self):
         return self._hash
 

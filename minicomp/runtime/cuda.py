@@ -113,11 +113,13 @@ class CudaModule:
 
 class CudaLaunch:
     """One kernel launch, prepared once: argument types fixed, grid/block/shared memory decided.
-    It reaches its function through the module, so that only the module holds pycuda objects."""
+    It reaches its function through the module, so that only the module holds pycuda objects.
+    `sizes`: a kernel over symbolic sizes takes their values after its buffers (`long long` each)."""
 
-    def __init__(self, module: CudaModule, name: str, grid: int, block: int, shared_bytes: int, slots: list):
-        self.module, self.name, self.slots = module, name, slots
-        module.functions[name].prepare("P" * len(slots))
+    def __init__(self, module: CudaModule, name: str, grid: int, block: int, shared_bytes: int, slots: list,
+                 sizes=()):
+        self.module, self.name, self.slots, self.sizes = module, name, slots, tuple(sizes)
+        module.functions[name].prepare("P" * len(slots) + "q" * len(self.sizes))
         self.grid, self.block, self.shared = (grid, 1), (block, 1, 1), shared_bytes
         self.stream = module.device.stream
 
@@ -128,7 +130,7 @@ class CudaLaunch:
 
     def launch(self, *pointers) -> None:
         self.module.functions[self.name].prepared_async_call(self.grid, self.block, self.stream, *pointers,
-                                                             shared_size=self.shared)
+                                                             *self.sizes, shared_size=self.shared)
 
 
 class CudaRunner:

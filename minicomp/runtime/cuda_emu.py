@@ -108,21 +108,25 @@ class EmuModule:
 
 
 class EmuLaunch:
-    """A program step: launch one kernel with the env slots of its buffers as arguments."""
+    """A program step: launch one kernel with the env slots of its buffers as arguments, then
+    `sizes` (a kernel over symbolic sizes: their values, `long long` arguments after the buffers)."""
 
-    def __init__(self, module: EmuModule, name: str, grid: int, block: int, shared_bytes: int, slots: list):
-        self.module, self.name, self.slots = module, name, slots
+    def __init__(self, module: EmuModule, name: str, grid: int, block: int, shared_bytes: int, slots: list,
+                 sizes=()):
+        self.module, self.name, self.slots, self.sizes = module, name, slots, tuple(sizes)
         self.fn = module.function(name)
         self.cfg = (ctypes.c_uint * 7)(grid, 1, 1, block, 1, 1, shared_bytes)
         self.values = (ctypes.c_void_p * max(len(slots), 1))()
-        base = ctypes.addressof(self.values)
-        self.args = (ctypes.c_void_p * max(len(slots), 1))(*[base + i * ctypes.sizeof(ctypes.c_void_p)
-                                                               for i in range(len(slots))])
+        self.size_values = (ctypes.c_longlong * max(len(self.sizes), 1))(*self.sizes)
+        base, sizes_at = ctypes.addressof(self.values), ctypes.addressof(self.size_values)
+        word, ll = ctypes.sizeof(ctypes.c_void_p), ctypes.sizeof(ctypes.c_longlong)
+        self.args = (ctypes.c_void_p * max(len(slots) + len(self.sizes), 1))(
+            *[base + i * word for i in range(len(slots))], *[sizes_at + i * ll for i in range(len(self.sizes))])
 
     def private(self) -> "EmuLaunch":
         """This launch with argument arrays of its own, for a call running beside this one (the
         runtime takes one launch at a time; the arrays are filled before it is taken)."""
-        return EmuLaunch(self.module, self.name, self.cfg[0], self.cfg[3], self.cfg[6], self.slots)
+        return EmuLaunch(self.module, self.name, self.cfg[0], self.cfg[3], self.cfg[6], self.slots, self.sizes)
 
     def emit(self, k: int, v, ns: dict) -> list:
         """The generated call's lines for this launch (runtime/program.py): fill the arguments, launch."""

@@ -19,37 +19,39 @@ class SizedProgram:
     Program for sizes `values` (symbol name -> int); `guards`: what the compile assumed of the sizes
     (ir/sym.py Guard objects, a list it may still append to). Dynamo checks them before each call;
     an instance checks them again when its size first arrives (a backward compiled lazily, after
-    Dynamo installed its guards, could otherwise run at a size its compile ruled out)."""
+    Dynamo installed its guards, could otherwise run at a size its compile ruled out). `wrap(program)`:
+    what runs an instance (cuda: a CUDA Graph replay of it), the program itself when None."""
 
     MAX_INSTANCES = 64
     ARENA_BUDGET = 256 << 20  # bytes of arena the kept instances may hold together (at least one is kept)
 
-    def __init__(self, where: dict, make, keepalive=None, guards=(), given=()):
+    def __init__(self, where: dict, make, keepalive=None, guards=(), given=(), wrap=None):
         """`given`: the symbols a call passes as ints (`sizes=`, in this order) instead of as a dimension."""
         self.given = list(given)
         self.where = list(where.values())
         self.names = list(where) + self.given
-        self.make = make
+        self.make, self.wrap = make, wrap
         self.guards = guards
         self.keepalive = keepalive  # the machine code every instance runs
-        self.instances: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
+        self.instances: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()  # (program, its run)
         self.built = 0  # instances made (a new size each)
         self._lock = threading.Lock()
         self._released = False
         self.last = None
 
     def instance(self, inputs, sizes=()):
+        """(Program, what runs it) for the sizes of `inputs` (and the `sizes` given as ints)."""
         key = tuple(inputs[i].shape[d] for i, d in self.where) + tuple(sizes)
-        prog = self.instances.get(key)
-        if prog is not None and self.last is not prog:
+        hit = self.instances.get(key)
+        if hit is not None and self.last is not hit[0]:
             try:
                 self.instances.move_to_end(key)
             except KeyError:  # dropped meanwhile by another thread's new size
                 pass
-        if prog is None:
+        if hit is None:
             with self._lock:
-                prog = self.instances.get(key)
-                if prog is None:
+                hit = self.instances.get(key)
+                if hit is None:
                     if self._released:
                         raise RuntimeError("minicomp: this program was released with the compiled callable that owned it")
                     values = dict(zip(self.names, key))
@@ -58,31 +60,31 @@ class SizedProgram:
                         raise RuntimeError(f"minicomp: sizes {values} break what this program was compiled for: "
                                            f"{'; '.join(failed)} (recompile with these sizes, or dynamic=False)")
                     prog = self.make(values)
-                    self.instances[key] = prog
+                    hit = self.instances[key] = (prog, prog if self.wrap is None else self.wrap(prog))
                     self.built += 1
-                    held = sum(getattr(p, "arena_bytes", 0) for p in self.instances.values())
+                    held = sum(getattr(p, "arena_bytes", 0) for p, _ in self.instances.values())
                     while len(self.instances) > 1 and (len(self.instances) > self.MAX_INSTANCES
                                                        or held > self.ARENA_BUDGET):
-                        old = self.instances.popitem(last=False)[1]
-                        held -= getattr(old, "arena_bytes", 0)
-                        old.release()
-        self.last = prog
-        return prog
+                        old_prog, old_run = self.instances.popitem(last=False)[1]
+                        held -= getattr(old_prog, "arena_bytes", 0)
+                        old_run.release()
+        self.last = hit[0]
+        return hit
 
     def __call__(self, *inputs, sizes=()):
-        prog = self.instance(inputs, sizes)
+        prog, run = self.instance(inputs, sizes)
         try:
-            return prog(*inputs)
+            return run(*inputs)
         except RuntimeError:
             if not prog._released or self._released:
                 raise
-            return self.instance(inputs, sizes)(*inputs)  # another thread's new size evicted it just now
+            return self.instance(inputs, sizes)[1](*inputs)  # another thread's new size evicted it just now
 
     def release(self) -> None:
         with self._lock:
             self._released = True
-            for prog in self.instances.values():
-                prog.release()
+            for _, run in self.instances.values():
+                run.release()
             self.instances.clear()
             self.keepalive = self.last = None
 

@@ -1,6 +1,7 @@
 """Kernels over a symbolic extent (ir/sym.py, codegen/llvm.py, runtime/sized.py): one compile runs at
 every size -- 1, 2, a prime, a multiple of the vector width, a size past the thread-split threshold --
-on `cpu` (symbolic kernels) and `cuda_emu` (compiled again per size), against eager."""
+on `cpu` and `cuda_emu` (the CUDA C a GPU runs, its sizes and grids passed per call), against eager;
+NVRTC compiles the symbolic CUDA kernels of that graph and of a GPT block traced with dynamic shapes."""
 from __future__ import annotations
 
 import pytest
@@ -70,21 +71,14 @@ def test_fused_symbolic_graph_round_trips():
 def test_one_program_runs_every_size(backend):
     if backend == "cuda_emu":
         pytest.importorskip("minicomp.runtime.cuda_emu")
-    _, run = _compile(backend) if backend == "cpu" else (None, None)
-    if backend == "cuda_emu":  # a backend without symbolic kernels: one static compile per size
-        from minicomp.backends.sized import per_size_program
-        g = parse(TEXT)
-
-        def static(graph):
-            c = make_context(Options.make(backend), graph.name, backend)
-            return build(run_passes(graph, c), c, backend)[0]
-        run, detail = per_size_program(g, static)
-        assert detail["specialized_per_size"]
+    _, run = _compile(backend)
     assert isinstance(run, SizedProgram)
+    module = run.keepalive  # the machine code (cpu: the JIT; cuda_emu: the kernels' library)
     for n in SIZES + [7]:  # 7 again: its instance is reused
         got = run(*_inputs(n))
         for a, b in zip(got, _eager(*_inputs(n))):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert run.keepalive is module
     assert run.built == len(SIZES)
 
 
@@ -120,3 +114,72 @@ def test_a_size_no_input_carries_is_passed_as_an_int(backend):
     x = torch.randn(8)
     for n in (2, 5, 8):
         torch.testing.assert_close(run(x, sizes=(n,))[0], x[:n] * x[:n])
+
+
+def test_cuda_emu_launches_take_the_sizes_and_a_grid_for_them():
+    pytest.importorskip("minicomp.runtime.cuda_emu")
+    fused, run = _compile("cuda_emu")
+    module = run.keepalive
+    grids = {}
+    for n in (3, 5003):
+        run(*_inputs(n))
+        launches = [s for s in run.last.steps if hasattr(s, "sizes")]
+        assert launches and all(s.module is module and s.sizes == (n,) for s in launches)
+        grids[n] = [s.cfg[0] for s in launches]
+    assert grids[3] != grids[5003]  # the pointwise kernel's grid follows the size (capped at EMU_MAX_GRID)
+
+
+def _nvrtc():
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs the [cuda] extras (cuda-bindings)")
+    from minicomp.errors import MinicompError
+    from minicomp.runtime import nvrtc
+    try:
+        nvrtc.include_dirs()
+    except MinicompError as e:
+        pytest.skip(str(e))
+    return nvrtc
+
+
+def test_nvrtc_compiles_symbolic_kernels():
+    from minicomp.backends.cuda import prelude_headers
+    from minicomp.codegen.cuda import generate
+    from minicomp.ir import sym
+    from minicomp.runtime import cubin
+    nvrtc = _nvrtc()
+    fused, _ = _compile("cuda_emu")
+    with sym.scope(fused.sizes):
+        source, launches = generate([n.meta["kernel"] for n in fused.nodes if n.op == "kernel"])
+    assert all(la.symbols == ("s0",) for la in launches) and "const long long s0)" in source
+    binary = nvrtc.compile(source, "sm_90", prelude_headers())
+    assert binary.kind == "cubin"
+    cubin.check(binary.data, launches, "sm_90")  # every kernel launches at its planned block
+
+
+def test_nvrtc_compiles_a_dynamic_gpt_block_forward_and_backward(tmp_path):
+    """The CUDA sources cuda_emu generated (dumped per graph) for a GPT block trained with a symbolic
+    sequence length: the block runs against eager, and NVRTC compiles every source."""
+    import copy
+
+    import minicomp
+    from minicomp.backends.cuda import prelude_headers
+    from minicomp.models import Block
+    nvrtc = _nvrtc()
+    pytest.importorskip("minicomp.runtime.cuda_emu")
+    torch.manual_seed(0)
+    m = Block(32, 4, 64)
+    ref = copy.deepcopy(m)
+    c = minicomp.compile(m, backend="cuda_emu", dynamic=True, debug=str(tmp_path))
+    for T in (5, 9):
+        x = torch.randn(2, T, 32)
+        out, want = c(x), ref(x)
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        out.square().mean().backward()
+        want.square().mean().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    graphs = c.report().graphs
+    assert [g.kind for g in graphs] == ["forward", "backward"] and all(g.detail["symbolic"] for g in graphs)
+    sources = [f.read_text() for f in sorted(tmp_path.rglob("*_cuda.txt"))]
+    assert len(sources) == 2 and all("const long long s" in src for src in sources)
+    for src in sources:
+        assert nvrtc.compile(src, "sm_90", prelude_headers()).kind == "cubin"

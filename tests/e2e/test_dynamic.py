@@ -22,7 +22,7 @@ def _graphs(c, kind=None):
     return [g for g in c.report().graphs if kind is None or g.kind == kind]
 
 
-@pytest.mark.parametrize("backend", ["cpu", "interpret"])
+@pytest.mark.parametrize("backend", ["cpu", "interpret", "cuda_emu"])
 def test_block_over_sequence_lengths_builds_two_programs(backend):
     torch.manual_seed(0)
     m = Block(32, 4, 128).eval()
@@ -40,15 +40,19 @@ def test_block_over_sequence_lengths_builds_two_programs(backend):
     assert c.report().eager == []
 
 
-def test_batch_and_length_both_vary():
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_batch_and_length_both_vary(backend):
     torch.manual_seed(0)
     m = MLP(16, 32).eval()
-    c = minicomp.compile(m, backend="cpu")
+    c = minicomp.compile(m, backend=backend)
     with torch.no_grad():
         for shape in [(3, 5, 16), (4, 9, 16), (7, 2, 16), (2, 11, 16)]:
             x = torch.randn(*shape)
             torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
     assert len(_graphs(c)) == 2
+    if backend == "cuda_emu":  # the symbolic program ran every later shape over one kernel library
+        run = c.report().runs[-1]
+        assert run.built == 3 and run.keepalive is not None
 
 
 def test_dynamic_false_compiles_a_program_per_size():

@@ -72,6 +72,23 @@ def test_every_entry_point_works_from_any_thread(monkeypatch, graphs):
     assert drv.unloads == 1 and drv.bad_unloads == 0, "the module was not unloaded, or not in its context"
 
 
+def test_a_symbolic_graph_loads_one_module_and_captures_each_size(monkeypatch):
+    """One module for every size; each size's launches pass its values after the pointers (as the
+    kernels' `long long` parameters), and each size is a program instance of its own CUDA Graph."""
+    from minicomp.ir import parse
+    from tests.codegen.test_symbolic_kernels import TEXT, _inputs
+    drv, fake = install(monkeypatch)
+    graph = parse(TEXT)
+    ctx = make_context(Options(backend="cuda", verify=True), "t", "cuda", Report())
+    run, detail = build(run_passes(graph, ctx), ctx, "cuda")
+    for n in (3, 3, 3, 700, 700):  # per size: warm-up, then a capture (and its replay), then replays
+        out = run(*meta(*_inputs(n)))
+        assert out[0].shape == (n, 24) and out[3].shape == (24, n)
+    assert [t for e, t, _ in drv.events if e == "load"] == ["MainThread"]
+    assert {args[-1] for _, args, _ in drv.launches} == {3, 700}
+    assert len(fake.captures) == 2 and run.program.built == 2
+
+
 def test_lazy_backward_on_autograd_worker_thread(monkeypatch):
     """AOTAutograd compiles the backward at the first backward(), on autograd's device thread: here
     the backward program is built and first run inside backward() called from a new thread."""
