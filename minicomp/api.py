@@ -273,7 +273,8 @@ class CompiledModule:
         for i, d in dims:  # these sizes vary: symbolic in this program (Dynamo may still specialize one)
             torch._dynamo.maybe_mark_dynamic(args[i], d)
         try:
-            with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True):
+            with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True), \
+                    torch.fx.experimental._config.patch(backed_size_oblivious=bool(dims)):
                 out = program(*args, **kwargs)
         except BackendCompilerFailed as e:
             inner = getattr(e, "inner_exception", None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from ..ir import dtype_name
+from ..ir.sym import is_sym, known
 from .lowering import Unsupported, aten, compute_dtype, lowering, norm_dim, norm_dims
 
 
@@ -87,6 +88,14 @@ def _any_all(b, x, dim=None, keepdim=False):
     return b.cast(b.emit(op, as_bool, dims=dims, keepdim=keepdim), b.out_dtype)
 
 
+def _count_less(b, n, correction, acc):
+    """max(n - correction, 0) as torch divides by it; over a symbolic n the max is an op at run time
+    (a guard on `n > correction` would split the program at the small sizes)."""
+    if not is_sym(n) or known(n, ">=", correction):
+        return b.full(max(n - correction, 0), acc)
+    return b.emit("maximum", b.full(n - correction, acc), b.full(0, acc))
+
+
 def _var_mean(b, x, dims, correction, keepdim):
     """(var, mean) in the accumulation dtype, two-pass (mean first) for accuracy."""
     acc = compute_dtype(x.type.dtype)
@@ -95,7 +104,7 @@ def _var_mean(b, x, dims, correction, keepdim):
     mean = b.emit("div", b.emit("sum", xf, dims=dims, keepdim=True), b.full(n, acc))
     d = b.emit("sub", xf, mean)
     ss = b.emit("sum", b.emit("mul", d, d), dims=dims, keepdim=keepdim)
-    var = b.emit("div", ss, b.full(max(n - correction, 0), acc))
+    var = b.emit("div", ss, _count_less(b, n, correction, acc))
     if not keepdim:
         mean = b.reshape(mean, var.type.shape)
     return var, mean
@@ -211,7 +220,8 @@ def _batch_norm_train(b, x, weight, bias, running_mean, running_var, training=No
     if running_mean is not None and "functional" in b.target_name:
         n = math.prod(x.type.shape[d] for d in dims)
         acc = mean.type.dtype
-        var_unbiased, _ = _var_mean(b, x, dims, 1 if n > 1 else 0, False)
+        # eager refuses one value per channel in training, so over a symbolic n (never 1) correction is 1
+        var_unbiased, _ = _var_mean(b, x, dims, 1 if is_sym(n) or n > 1 else 0, False)
         for run, new in ((running_mean, b.reshape(mean, (C,))), (running_var, var_unbiased)):
             keep = b.emit("mul", b.cast(run, acc), b.full(1 - momentum, acc))
             results.append(b.cast(b.emit("add", keep, b.emit("mul", new, b.full(momentum, acc))), run.type.dtype))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .sym import NAME, Int, Sym, SymbolicError, add, floordiv, mod, mul, symbol
+from .sym import NAME, Int, Sym, SymbolicError, add, current, decide, evaluate, floordiv, mod, mul, smax, smin, symbol
 from .sym_values import SizeFloat
 
 _SYM_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*%()]))")
@@ -95,7 +95,30 @@ def from_sympy(e) -> Int:
         return floordiv(*args)
     if name in ("Mod", "PythonMod") and len(args) == 2:
         return mod(*args)
+    if name in ("Min", "Max"):
+        return _min_max(args, name == "Min")
     raise SymbolicError(f"symbolic size {e} ({name}) has no counterpart in minicomp's sizes")
+
+
+def _min_max(args: list, least: bool) -> Int:
+    """Min/Max of sizes (a slice `causal[:T]` of a 128-row buffer is Min(128, T) when Dynamo does not
+    specialize): the argument the hints pick, with guards `picked <= each other` (>= for Max), the
+    same guard Dynamo makes when it decides the slice itself; ties keep the pick."""
+    values = current().hints
+    try:
+        at = [evaluate(a, values) for a in args]
+    except KeyError:
+        at = None
+    if at is None:
+        out = args[0]
+        for a in args[1:]:
+            out = smin(out, a) if least else smax(out, a)
+        return out
+    picked = args[at.index(min(at) if least else max(at))]
+    for a in args:
+        if a is not picked:
+            decide(picked, "<=" if least else ">=", a)  # a guard when either side is symbolic
+    return picked
 
 
 def float_from_sympy(e):

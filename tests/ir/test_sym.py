@@ -101,6 +101,21 @@ def test_from_sympy_reads_dynamos_expressions():
     assert sym_read.from_sympy(a ** 2) == s0 * s0
 
 
+def test_min_and_max_from_sympy_pick_by_the_hints_and_guard_the_pick():
+    """`buf[:T]` of a 128-row buffer is Min(128, T) when Dynamo does not specialize: minicomp takes the
+    argument the hints choose and guards it (the guard Dynamo makes when it decides the slice itself)."""
+    a = sympy.Symbol("s0", integer=True, nonnegative=True)
+    env = sym.SymEnv(ranges={"s0": (0, None)}, hints={"s0": 7})
+    with sym.using(env):
+        assert sym_read.from_sympy(sympy.Min(128, a)) == s0
+        assert sym_read.from_sympy(sympy.Max(1, a)) == s0
+        assert sym_read.from_sympy(sympy.Max(9, a)) == 9
+    assert [str(g) for g in env.guards] == ["s0 <= 128", "s0 >= 1", "9 >= s0"]
+    with sym.using(sym.SymEnv(ranges={"s0": (0, 100)}, hints={"s0": 7})) as settled:
+        assert sym_read.from_sympy(sympy.Min(128, a)) == s0  # the ranges decide it: no guard
+    assert settled.guards == []
+
+
 def test_index_expressions_over_symbolic_sizes_simplify_exactly():
     i, j = Var("i", s0), Var("j", s1)
     flat = linear([i, j], (s0, s1))
