@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import logging
+import re
 import threading
 import types
 import weakref
@@ -29,7 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.utils._pytree as pytree
 from torch._dynamo.exc import BackendCompilerFailed
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import counters, guard_failures
 
 from .compiler.capture import make_backend
 from .errors import MinicompError
@@ -85,10 +87,15 @@ def _fast_path(model, key, args, program, dims=frozenset()):
     return _Fast(guards, len(args), key[1], owner, key[2], program)
 
 
+_PROGRAM_IDS = itertools.count(1)
+
+
 def _trampoline(target):
     def run(*args, **kwargs):
         return target(*args, **kwargs)
-    code = run.__code__.replace()  # a new code object: a Dynamo cache of its own
+    # a new code object: a Dynamo cache of its own; its own name too, since code objects compare by
+    # value and Dynamo keeps its recompile reasons in a dict keyed by code (and logs "Recompiling run_7")
+    code = run.__code__.replace(co_name=f"run_{next(_PROGRAM_IDS)}")
     return types.FunctionType(code, run.__globals__, run.__name__, run.__defaults__, run.__closure__)
 
 
@@ -191,7 +198,7 @@ class CompiledModule:
     so chaining never drops compilation. It is not an nn.Module: register the model, not this."""
 
     _OWN = frozenset({"model", "options", "_report", "_programs", "_fast", "_warned_limit", "_lock", "__wrapped__",
-                      "__doc__", "_patterns"})
+                      "__doc__", "_patterns", "_codes"})
 
     def __init__(self, model, options: Options):
         self.model = model
@@ -200,6 +207,7 @@ class CompiledModule:
         self._programs: dict = {}  # signature -> (program, _Fast or None)
         self._fast: _Fast | None = None
         self._patterns: list = []  # the dimension sets of the symbolic programs (signature table keys: _wild)
+        self._codes: list = []  # each program's code object, in report.programs' order (Dynamo's recompiles)
         self._warned_limit = False
         self._lock = threading.Lock()  # one compile at a time: threads racing on a new signature build it once
         # Dynamo keeps what it compiled alive after this callable is gone (its caches hang off code
@@ -268,7 +276,8 @@ class CompiledModule:
         # Static shapes: the first call, which traces every frame it reaches, turns automatic dynamic
         # shapes off (Dynamo's frame state can outlive one program). Not dynamic=False: that patches
         # the config on every call (~4 us); a later recompile that still goes dynamic runs in torch.
-        program = torch.compile(_trampoline(self.model), backend=backend, **_ISOLATE)
+        entry = _trampoline(self.model)
+        program = torch.compile(entry, backend=backend, **_ISOLATE)
         before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs) + len(self._report.eager)
         for i, d in dims:  # these sizes vary: symbolic in this program (Dynamo may still specialize one)
             torch._dynamo.maybe_mark_dynamic(args[i], d)
@@ -288,6 +297,7 @@ class CompiledModule:
             self._eager(f"no graph captured for call signature #{len(self._programs)} (nothing to compile, "
                         "or Dynamo skipped the frame): it runs eagerly")
         self._report.programs.append(_why(key, dims, args, kwargs, self.options.dynamic))
+        self._codes.append(entry.__code__)
         fast = _fast_path(self.model, key, args, program, dims)
         if dims:
             key = _wild(key, dims)
@@ -298,6 +308,11 @@ class CompiledModule:
         return out
 
     def report(self) -> Report:
+        """What was compiled and why; Dynamo's own recompiles of a program (a guard it made failed
+        for a later call, e.g. a model's `if length > 1`) are read from Dynamo at each request."""
+        self._report.recompiles = [f"program {i} recompiled by Dynamo, a guard it made failed: "
+                                   + re.sub(r"^\d+/\d+: ", "", _short(str(r)))
+                                   for i, code in enumerate(self._codes, 1) for r in guard_failures.get(code, ())]
         return self._report
 
     def __getattr__(self, name):

@@ -102,6 +102,7 @@ class Report:
     refusals: list = field(default_factory=list)    # profiled graphs: "graph: producer -> consumer: why"
     runs: list = field(default_factory=list, repr=False)  # the programs built, released with their callable
     programs: list = field(default_factory=list)    # minicomp.compile: each program it built for a signature, and why
+    recompiles: list = field(default_factory=list)  # minicomp.compile: Dynamo's recompiles of those, with the failed guard
 
     @property
     def replay_bytes(self) -> int:
@@ -118,6 +119,7 @@ class Report:
         lines = [f"minicomp report: {len(self.graphs)} graph(s), {len(self.kernels)} kernel(s)"]
         lines += ["  " + str(g) for g in self.graphs]
         lines += [f"  program {i}: {p}" for i, p in enumerate(self.programs, 1)]
+        lines += [f"  {r}" for r in self.recompiles]
         for g, run in zip(self.graphs, self.runs):
             if "symbolic" in g.detail:
                 built = getattr(run, "built", None)

@@ -222,6 +222,21 @@ def test_gradients_at_sizes_one_and_zero_through_the_symbolic_program():
     assert len(_graphs(c)) == 4  # a forward and a backward graph for the static and the symbolic program
 
 
+def test_a_models_own_branch_on_size_one_recompiles_and_the_report_names_it():
+    """Code that branches on a size being 1 (HF attention's `q_length > 1`) makes Dynamo guard the
+    symbolic program; a size-1 call then builds one more graph, and the report names the guard."""
+    def f(x):
+        return x * 2 if x.shape[0] > 1 else x + 1
+    c = minicomp.compile(f, backend="cpu")
+    for n in (3, 4, 1, 5, 1):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(c(x), f(x))
+    report = c.report()
+    assert len(report.graphs) == 3 and len(report.programs) == 2
+    assert len(report.recompiles) == 1 and report.recompiles[0].startswith("program 2 recompiled by Dynamo")
+    assert "x.shape[0] > 1" in report.recompiles[0] and report.recompiles[0] in str(report)
+
+
 def test_report_says_which_dimensions_are_symbolic_and_why_each_program_was_built():
     c = minicomp.compile(lambda x: torch.softmax(x, -1), backend="cpu")
     for n in (3, 4, 9):
