@@ -39,7 +39,7 @@ import minicomp
 from minicomp.options import BACKENDS
 from minicomp.overhead import breakdown, format_breakdown
 
-from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, TRAIN_CASES, make_case
+from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, TRAIN_CASES, make_case, unavailable
 from minicomp.bench_train import format_train_table, run_train
 from minicomp.timing import grid, machine, peak_bytes, set_threads, time_interleaved
 
@@ -254,11 +254,15 @@ def main(argv=None) -> int:
     unknown = [c for c in cases if c not in everything]
     if unknown:
         p.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(everything)}")
+    skipped = [f"{c}: {unavailable(c)}" for c in cases if unavailable(c)]
+    cases = [c for c in cases if not unavailable(c)]
     train = [c for c in cases if c in TRAIN_CASES]
     cases = [c for c in cases if c not in TRAIN_CASES]
     set_threads()
     print(f"machine: {machine()}")
     print(f"backend: {args.backend}{' (quick)' if args.quick else ''}")
+    for line in skipped:
+        print(f"skipped {line}")
     with tempfile.TemporaryDirectory(prefix="minicomp-bench-") as d:
         # cold compiles for both compilers: empty disk caches, private to this run
         os.environ["MINICOMP_CACHE_DIR"] = os.path.join(d, "minicomp")

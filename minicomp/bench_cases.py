@@ -5,7 +5,8 @@ costs: `cos_cos`, `chain10`, `softmax`, `layernorm_gelu` and `rmsnorm_residual` 
 memory bandwidth (fusion decides how many bytes move); `tiny_chain50` is pure overhead (16
 elements, 50 ops: launch and Python costs are everything), and `chain50_26in` the same over 26
 inputs (what binding many arguments costs); `gpt_block` mixes matrix multiplies
-(compute, done by BLAS) with the rest; `kernels100` (not in the default table) is 100 kernels that
+(compute, done by BLAS) with the rest; `hf_gpt2`, `hf_bert`, `hf_llama` and `convnet` are real
+models (bench_models.py), each also a training case (`<name>_train`); `kernels100` (not in the default table) is 100 kernels that
 cannot fuse, for measuring per-launch cost and CUDA Graph replay. `quick` shrinks the big ones so the whole table runs fast.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from minicomp import bench_models
 from minicomp.models import MLP, Block, MixerBlock, NormStack
 
 
@@ -110,6 +112,8 @@ def _make(name: str, quick: bool) -> Case:
         return _gpt_block()
     if name == "kernels100":
         return Case(name, _kernels100, (_randn(64, 64),), "64x64")
+    if name in bench_models.MODEL_CASES:
+        return Case(name, *bench_models.build(name, quick, train=False))
     raise ValueError(f"unknown bench case {name!r}; choose from {', '.join(CASE_NAMES)}")
 
 
@@ -126,15 +130,23 @@ def _make_train(name: str, quick: bool) -> Case:
     if name == "mixer_train":
         B, P, C = (2 if quick else 8), 64, 128
         return Case(name, MixerBlock(P, C), (_randn(B, P, C),), f"B{B} P{P} C{C}")
+    if name.removesuffix("_train") in bench_models.MODEL_CASES:
+        return Case(name, *bench_models.build(name.removesuffix("_train"), quick, train=True))
     raise ValueError(f"unknown training case {name!r}; choose from {', '.join(TRAIN_CASES)}")
 
 
 CASE_NAMES = ("cos_cos", "chain10", "layernorm_gelu", "softmax", "rmsnorm_residual", "tiny_chain50", "chain50_26in",
-              "gpt_block")
+              "gpt_block") + bench_models.MODEL_CASES
 EXTRA_CASES = ("kernels100",)  # launch overhead: the GPU check's CUDA Graph measurement
 
 
-TRAIN_CASES = ("gpt_block_train", "mlp_gelu_train", "norm_stack_train", "mixer_train")
+TRAIN_CASES = ("gpt_block_train", "mlp_gelu_train", "norm_stack_train", "mixer_train") + tuple(
+    f"{m}_train" for m in bench_models.MODEL_CASES)
+
+
+def unavailable(name: str) -> str | None:
+    """Why a case cannot run on this machine (a missing optional dependency), else None."""
+    return bench_models.available(name.removesuffix("_train"))
 
 
 def make_train_case(name: str, quick: bool = False) -> Case:
