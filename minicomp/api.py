@@ -93,9 +93,10 @@ _PROGRAM_IDS = itertools.count(1)
 def _trampoline(target):
     def run(*args, **kwargs):
         return target(*args, **kwargs)
-    # a new code object: a Dynamo cache of its own; its own name too, since code objects compare by
-    # value and Dynamo keeps its recompile reasons in a dict keyed by code (and logs "Recompiling run_7")
-    code = run.__code__.replace(co_name=f"run_{next(_PROGRAM_IDS)}")
+    # a new code object: a Dynamo cache of its own. Code objects compare by value and Dynamo keeps its
+    # recompile reasons in a dict keyed by code, so each gets an unused constant of its own too (not a
+    # name: that would show in the stack traces the graph cache keys on)
+    code = run.__code__.replace(co_consts=run.__code__.co_consts + (f"minicomp program {next(_PROGRAM_IDS)}",))
     return types.FunctionType(code, run.__globals__, run.__name__, run.__defaults__, run.__closure__)
 
 
