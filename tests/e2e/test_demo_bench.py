@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROW_KEYS = {"case", "shape", "backend", "eager_ms", "minicomp_ms", "inductor_ms", "vs_eager", "vs_inductor",
             "bytes", "gbps", "copy_gbps", "pct_copy", "compile_s", "recompile_s", "own_s", "dynamo_s", "inductor_compile_s",
             "inductor_again_s", "fresh_ms", "fresh_vs_eager", "fresh_vs_inductor",
-            "eager_peak_kib", "mc_peak_kib", "max_abs_err", "ok", "notes", "overhead_us", "torch_ms", "kernel_ms", "floor"}
+            "eager_peak_kib", "mc_peak_kib", "max_abs_err", "ok", "notes", "overhead_us", "torch_share", "floor"}
 
 
 def test_demo_matches_eager(capsys):
@@ -28,7 +28,7 @@ def test_bench_rows_and_table():
         assert r["ok"] and r["max_abs_err"] < 1e-5
         assert r["eager_ms"] > 0 and r["minicomp_ms"] > 0 and r["fresh_ms"] > 0 and r["copy_gbps"] > 0
     # cos_cos is one kernel and no torch call: its profiled steps say so
-    assert rows[0]["torch_ms"] == 0 and rows[0]["kernel_ms"] > 0 and rows[0]["floor"] == 0
+    assert rows[0]["torch_share"] == 0 and rows[0]["floor"] == 0
     assert rows[0]["bytes"] == 2 * 4 * (1 << 20)  # cos_cos: read x once, write the result once
     # eager holds cos(x) and cos(cos(x)) at once; the fused kernel writes only the result
     assert rows[0]["eager_peak_kib"] == 2 * 4096 and rows[0]["mc_peak_kib"] == 4096
@@ -43,7 +43,7 @@ def test_wrong_rows_are_marked_and_left_out_of_the_geomean():
            "vs_inductor": None, "gbps": 1.0, "copy_gbps": 2.0, "pct_copy": 50.0, "compile_s": 0.1,
            "recompile_s": 0.1, "own_s": 0.1, "dynamo_s": 0.1, "inductor_compile_s": None, "inductor_again_s": None, "fresh_ms": 0.6, "fresh_vs_eager": 0.6, "fresh_vs_inductor": None,
            "eager_peak_kib": 2.0, "mc_peak_kib": 1.0, "max_abs_err": 1.0, "ok": False, "notes": [],
-           "torch_ms": None, "kernel_ms": None, "floor": None}
+           "torch_share": None, "floor": None}
     table = bench.format_table([row, dict(row, case="d", vs_eager=2.0, max_abs_err=0.0, ok=True)])
     assert "WRONG" in table and "geomean over 1 correct case(s): mc/eager 2.00" in table
     assert "with fresh outputs: mc/eager 0.60" in table
