@@ -91,7 +91,8 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu", sizes=No
     program = Program(len(graph.inputs), values, steps, buffers,
                       [None if o is None else slot[o] for o in graph.outputs], ctx.arena_bytes, len(slot), device,
                       may_alias, recycle=ctx.options.recycle_outputs,
-                      contiguous_inputs=[i for i, x in enumerate(graph.inputs) if x not in free], names=names,
+                      contiguous_inputs=[i for i, x in enumerate(graph.inputs)
+                                         if x not in free and i not in ctx.guarded_contiguous], names=names,
                       timers=timers)
     program.keepalive = keepalive  # the kernels' machine code lives as long as the program
     ctx.report.kernels.extend(reports.values())

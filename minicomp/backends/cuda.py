@@ -107,8 +107,7 @@ def build(graph, ctx):
                 program, more = sized_program(on_device(graph, where), ctx, kernels, launch, module, str(where), wrap)
         else:
             program, more = assemble(on_device(graph, where), ctx, kernels, launch, module, device=str(where))
-        read = (program.contiguous_inputs if not sized else  # no instance yet: the inputs of no free layout
-                [i for i, x in enumerate(graph.inputs) if x not in free_layout_inputs(graph)])
+        read = [i for i, x in enumerate(graph.inputs) if x not in free_layout_inputs(graph)]  # the kernels
         check_devices(ctx.name, [(f"input {i}", inputs[i]) for i in read], where, "kernels read it")
         detail.update(more, binary=binary.kind if binary else None, device=str(where))
         return program

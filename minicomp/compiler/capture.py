@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.source import GetItemSource, LocalSource
 from torch._functorch.aot_autograd import make_boxed_func
 
 from ..ir import sym, sym_values, verify
@@ -58,6 +59,7 @@ class Context:
     arena_bytes: int = 0
     artifacts: dict = field(default_factory=dict)  # the backend's generated code, kept with a Built graph
     phases_ms: dict = field(default_factory=dict)  # where this graph's compile went (GraphReport.phases_ms)
+    guarded_contiguous: frozenset = frozenset()  # inputs whose strides Dynamo's guards fix, contiguous: no check
 
 
 class Built(NamedTuple):
@@ -100,8 +102,28 @@ def make_context(options: Options, name: str, backend: str, report: Optional[Rep
     return ctx
 
 
+def guarded_contiguous(gm: torch.fx.GraphModule, example_inputs) -> frozenset:
+    """The inputs of a Dynamo graph whose every stride Dynamo's guards check before each call and
+    that were contiguous here: tensors the frame got directly (a local, or an item of one, such as
+    `args[0]`), each under a TENSOR_MATCH guard. Their program skips its contiguity check (26 inputs:
+    about 1.8 us a call). Parameters and buffers keep theirs: Dynamo may skip the guards of tensors
+    in a module dict that did not change, and `p.data = q.t()` changes a tensor, not the dict. A
+    symbolic graph keeps every check."""
+    if _symbolic(example_inputs):
+        return frozenset()
+    out = set()
+    for i, (n, x) in enumerate(zip(gm.graph.find_nodes(op="placeholder"), example_inputs)):
+        src = getattr(n.meta.get("grapharg"), "source", None)
+        if type(src) is GetItemSource and isinstance(src.index, int) and not src.index_is_slice:
+            src = src.base
+        if (type(src) is LocalSource and not src.is_derefed_cell_contents and type(x) is torch.Tensor
+                and x.is_contiguous()):
+            out.add(i)
+    return frozenset(out)
+
+
 def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options, report: Report, kind: str,
-                     cache_key: Optional[str] = None, cached=None):
+                     cache_key: Optional[str] = None, cached=None, guarded: frozenset = frozenset()):
     """fx graph -> IR -> passes -> a backend's callable taking the flat list of inputs.
     `cached`: (IR graph, fx node count) from the graph cache, in place of lowering `gm`, or a Built
     graph, in place of lowering and the passes;
@@ -118,14 +140,14 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs, options: Options,
             env, sizes = _size_env(example_inputs, guards)
             with sym.using(env):
                 return _compile(gm, example_inputs, options, report, kind, None, None, sizes, guards)
-        return _compile(gm, example_inputs, options, report, kind, cache_key, cached)
+        return _compile(gm, example_inputs, options, report, kind, cache_key, cached, guarded=guarded)
     finally:
         if enabled:
             gc.enable()
 
 
 def _compile(gm, example_inputs, options: Options, report: Report, kind: str, cache_key, cached,
-             sizes=None, guards=None):
+             sizes=None, guards=None, guarded: frozenset = frozenset()):
     from ..backends import build, resolve_backend  # backends import codegen/runtime lazily
     devices = {str(x.device.type) for x in example_inputs if isinstance(x, torch.Tensor)}
     if devices - {"cpu", "cuda"}:  # meta, mps, xpu...: torch runs them as eager would
@@ -142,6 +164,7 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
     if isinstance(cached, Built):
         graph, fx_nodes, externs, ctx.arena_bytes, ctx.remat_bytes_saved, ctx.artifacts = cached
         plain, hit = True, "memo"
+        ctx.guarded_contiguous = guarded  # called with the flat inputs Dynamo checked (_direct)
         run, detail = build(graph, ctx, backend)
         size_outputs = {}
     else:
@@ -167,6 +190,8 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
         progress(f"lowered to {len(graph.nodes)} IR nodes")
         graph = run_passes(graph, ctx)
         progress(f"passes done: {sum(n.op == 'kernel' for n in graph.nodes)} kernels")
+        if plain and kind == "inference":  # AOTAutograd passes the inputs Dynamo checked straight in
+            ctx.guarded_contiguous = guarded
         run, detail = build(graph, ctx, backend)
     progress(f"{backend} code generated and loaded")
     if options.profile:  # the least any program of this graph moves: its inputs read, its outputs written once
@@ -262,7 +287,7 @@ def _partition_kernel_ops(options: Options):
 def make_backend(options: Options, report: Report):
     """A Dynamo backend that compiles every captured graph with `options` into `report`. A graph
     found in the graph cache (graph_cache.py) skips AOTAutograd and lowering."""
-    state = {"key": None, "compiled": None}  # the Dynamo graph being compiled: its cache key, our callable
+    state = {"key": None, "compiled": None, "guarded": frozenset()}  # the Dynamo graph being compiled
 
     def fw(gm, example_inputs):
         return compile_fx_graph(gm, example_inputs, options, report, "forward")
@@ -272,25 +297,26 @@ def make_backend(options: Options, report: Report):
 
     def inference(gm, example_inputs):
         state["compiled"] = compile_fx_graph(gm, example_inputs, options, report, "inference",
-                                             cache_key=state["key"])
+                                             cache_key=state["key"], guarded=state["guarded"])
         return state["compiled"]
     aot = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference, decompositions=_DECOMPOSITIONS,
                        partition_fn=make_partition(options, report, _partition_kernel_ops(options)))
 
     def backend(gm, example_inputs):
         key = graph_cache.graph_key(gm, example_inputs, options.strict)
+        guarded = guarded_contiguous(gm, example_inputs)
         if key is not None:
             cached = built(key, options) or graph_cache.load(key, "inference")
             if cached is not None:
                 return _direct(compile_fx_graph(gm, example_inputs, options, report, "inference",
-                                                cache_key=key, cached=cached).run)
-        state.update(key=key, compiled=None)
+                                                cache_key=key, cached=cached, guarded=guarded).run)
+        state.update(key=key, compiled=None, guarded=guarded)
         first, t_aot = len(report.graphs), time.perf_counter()
         try:
             wrapped = aot(gm, example_inputs)
             ours = state["compiled"]
         finally:
-            state.update(key=None, compiled=None)
+            state.update(key=None, compiled=None, guarded=frozenset())
         ours_s = sum(g.compile_s for g in report.graphs[first:])
         if len(report.graphs) > first:  # AOTAutograd's own tracing (and the partition) around our compiles
             report.graphs[first].phases_ms["aot_autograd"] = _ms(time.perf_counter() - t_aot - ours_s)

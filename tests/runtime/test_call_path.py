@@ -74,7 +74,8 @@ def test_the_breakdown_measures_every_layer_and_leaves_the_call_as_it_was():
     with torch.no_grad():
         c(*case.inputs)
         us = breakdown(c, case.inputs, reps=3)
-        assert {"total", "guards", "dynamo + aot", "program", "input checks", "kernels", "other"} <= set(us)
+        assert {"total", "guards", "dynamo + aot", "program", "kernels", "other"} <= set(us)
+        assert "input checks" not in us  # the one input's strides are Dynamo's guards' to check
         assert us["total"] > 0 and us["kernels"] > 0
         assert abs(us["total"] - sum(v for k, v in us.items() if k != "total")) < 1e-6
         assert format_breakdown("tiny_chain50", us).startswith("tiny_chain50: ")
@@ -99,3 +100,28 @@ def test_profiled_and_traced_calls_take_the_one_native_call_apart(monkeypatch):
     profiled = _program_of(p, x)
     assert "PLAN_RUN(" not in profiled.primary().source and all(t is not None for t in profiled.timers)
     torch.testing.assert_close(p(x), _kernels100(x))
+
+
+def test_inputs_dynamo_guards_skip_the_contiguity_check_and_parameters_keep_it():
+    """A tensor the frame gets directly has every stride checked by Dynamo's guards before each call:
+    its program checks no contiguity. A parameter keeps its check (Dynamo may skip guards on an
+    unchanged module dict), so `p.data = q.t()` still gives eager's answer."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = torch.nn.Parameter(torch.randn(16, 16))
+
+        def forward(self, x, y):
+            return torch.relu(x * y + self.p)
+    m = M()
+    c = minicomp.compile(m, backend="cpu")
+    x, y = torch.randn(16, 16), torch.randn(16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(c(x, y), m(x, y))
+        (program,) = c.report().runs
+        assert len(program.contiguous_inputs) == 1  # the parameter; x and y are Dynamo's to check
+        assert program.primary().source.count("is_contiguous()") == 1
+        xt = torch.randn(16, 16).t()  # strides the guards were not made for: another graph, still right
+        torch.testing.assert_close(c(xt, y), m(xt, y))
+        m.p.data = torch.randn(16, 16).t()
+        torch.testing.assert_close(c(x, y), m(x, y))
