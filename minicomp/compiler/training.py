@@ -79,11 +79,12 @@ def lower_joint(joint: fx.GraphModule, name: str, sizes=None):
     return graph, rep, value
 
 
-def saved_bytes_of(joint: fx.GraphModule, saved_names) -> int:
-    """partition.saved_bytes of the saved set another partitioner chose on `joint` (fx node names):
-    the same meter as minicomp's own report (the benchmark compares torch's min cut with ours)."""
+def saved_bytes_meter(joint: fx.GraphModule):
+    """A function of a saved set another partitioner chooses on `joint` (fx node names) giving its
+    partition.saved_bytes: the same meter as minicomp's own report (the benchmark compares torch's
+    min cut with ours). Made before that partitioner runs: it may rewrite the joint graph."""
     _, _, value = lower_joint(joint, "measure")
-    return partition.saved_bytes([value[n] for n in saved_names if n in value])
+    return lambda saved_names: partition.saved_bytes([value[n] for n in saved_names if n in value])
 
 
 def _extract(joint: fx.GraphModule, saved: list, num_fwd_outputs: int, static_nodes):
