@@ -42,8 +42,8 @@ def kernel_text(k) -> str:
 
 
 def build(graph, ctx):
-    from ..codegen.llvm import (BODY_DEFINITION, BUFS_SUFFIX, PAR_SUFFIX, RUN_SUFFIX, check_sites,
-                                generate_module, outer_extent)
+    from ..codegen.llvm import BODY_DEFINITION, BUFS_SUFFIX, PAR_SUFFIX, RUN_SUFFIX, generate_module
+    from ..ir.kernel import check_sites, outer_extent
     from ..runtime import cpu
     from ..runtime.cpu import JitModule, KernelLaunch
 
@@ -91,7 +91,8 @@ def _sized_launch(jit):
     an array it points to, and runs whole or on the OpenMP team as the size at hand calls for."""
     import ctypes
 
-    from ..codegen.llvm import PART_SUFFIX, WHOLE_SUFFIX, check_sites, outer_extent
+    from ..codegen.llvm import PART_SUFFIX, WHOLE_SUFFIX
+    from ..ir.kernel import check_sites, outer_extent
     from ..ir import sym
     from ..ir.kernel import kernel_symbols
     from ..runtime import cpu

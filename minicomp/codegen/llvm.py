@@ -40,14 +40,14 @@ import llvmlite.ir as ir
 
 from ..ir import sym
 from ..ir.index import Expr, Var
-from ..ir.kernel import Kernel, KernelPrinter, KExpr, kernel_symbols, walk
+from ..ir.kernel import Kernel, KernelPrinter, KExpr, check_sites, kernel_symbols, outer_extent, site, walk
 from .collapse import collapse
 from .columns import columns, emit_columns
 from .pieces import split
 from ..ir.scalar import SCALAR
 from ..ir.types import FLOATS
 from .llvm_ops import LOWER, emit
-from .llvm_values import I1, I64, Ops, const, mem_type, reg_type
+from .llvm_values import I1, I64, Ops, const, emit_sym, mem_type, reg_type
 
 PTR = ir.PointerType()
 I32 = ir.IntType(32)
@@ -62,18 +62,6 @@ BODY_DEFINITION = re.compile(r'^define internal void @"[^"]*_body"', re.M)  # on
 # running side by side (each with its own table) never see each other's failures.
 
 
-def site(op: str, attrs: dict):
-    """(exception, message) when an op is checked at run time: a gather's index, an integer division."""
-    if op == "clamp_index":
-        return "IndexError", f"index out of range in {attrs['where']} (a dimension of size {attrs['size']})"
-    if "where" in attrs:
-        return "ZeroDivisionError", f"integer division by zero in {attrs['where']}"
-    return None
-
-
-def check_sites(k: Kernel) -> list:
-    """Kernel k's run-time checks, (exception, message) each, in the order of its flag bits."""
-    return sorted({s for s in (site(e.op, e.attrs) for e in k.exprs()) if s is not None})[:32]
 MATH_INTERLEAVE = 4
 MATH_INTERLEAVE_MIN_TRIPS = 256  # shorter loops would leave most iterations to the scalar remainder
 NO_UNROLL_MIN_TRIPS = 128  # constant-trip loops this long are not unrolled (see the module docstring)
@@ -462,31 +450,6 @@ def _prestores(k: Kernel):
 def _uses(e: KExpr, names: set) -> bool:
     return any(x.op == "load" and names & x.attrs["index"].vars() or x.op == "index" and names & x.attrs["expr"].vars()
                for x in walk([e]))
-
-
-def outer_extent(k: Kernel):
-    """Iterations of the first outer loop: the range the runtime splits across threads (an int, or
-    a symbolic size)."""
-    return k.outer[0].size if k.outer else 1
-
-
-def emit_sym(b, x, vals: dict):
-    """LLVM code computing size expression x (ir/sym.py) from the symbols' values `vals` (name -> i64)."""
-    if not isinstance(x, sym.Sym):
-        return I64(x)
-    total = I64(x.const) if x.const else None
-    for mono, c in x.terms:
-        v = None
-        for a in mono:
-            if isinstance(a, str):
-                f = vals[a]
-            else:
-                num, d = emit_sym(b, a.arg, vals), emit_sym(b, a.d, vals)
-                f = b.sdiv(num, d) if a.kind == "div" else b.srem(num, d)
-            v = f if v is None else b.mul(v, f)
-        v = v if c == 1 else b.mul(v, I64(c))
-        total = v if total is None else b.add(total, v)
-    return total
 
 
 def body_key(k: Kernel, whole: bool) -> str:

@@ -17,6 +17,7 @@ import math
 
 import llvmlite.ir as ir
 
+from ..ir import sym
 from ..ir.types import DTYPES, FLOATS, LOW_FLOATS, UNSIGNED
 from .llvm_math import declare_math
 
@@ -159,3 +160,22 @@ class Ops:
 
     def truth(self, x, adt):
         return x if adt == "b8" else self.cast(x, adt, "b8")
+
+
+def emit_sym(b, x, vals: dict):
+    """LLVM code computing size expression x (ir/sym.py) from the symbols' values `vals` (name -> i64)."""
+    if not isinstance(x, sym.Sym):
+        return I64(x)
+    total = I64(x.const) if x.const else None
+    for mono, c in x.terms:
+        v = None
+        for a in mono:
+            if isinstance(a, str):
+                f = vals[a]
+            else:
+                num, d = emit_sym(b, a.arg, vals), emit_sym(b, a.d, vals)
+                f = b.sdiv(num, d) if a.kind == "div" else b.srem(num, d)
+            v = f if v is None else b.mul(v, f)
+        v = v if c == 1 else b.mul(v, I64(c))
+        total = v if total is None else b.add(total, v)
+    return total

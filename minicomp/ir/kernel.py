@@ -420,3 +420,23 @@ def format_kernel(k: Kernel) -> str:
              f"  read {k.bytes_read:,} B, wrote {k.bytes_written:,} B, {k.flops:,} flops"]
     lines += ["  " + ln for ln in KernelPrinter(k).body(None, head=False)]
     return "\n".join(lines) + "\n"
+
+
+def site(op: str, attrs: dict):
+    """(exception, message) when an op is checked at run time: a gather's index, an integer division."""
+    if op == "clamp_index":
+        return "IndexError", f"index out of range in {attrs['where']} (a dimension of size {attrs['size']})"
+    if "where" in attrs:
+        return "ZeroDivisionError", f"integer division by zero in {attrs['where']}"
+    return None
+
+
+def check_sites(k: Kernel) -> list:
+    """Kernel k's run-time checks, (exception, message) each, in the order of its flag bits."""
+    return sorted({s for s in (site(e.op, e.attrs) for e in k.exprs()) if s is not None})[:32]
+
+
+def outer_extent(k: Kernel):
+    """Iterations of the first outer loop: the range the runtime splits across threads (an int, or
+    a symbolic size)."""
+    return k.outer[0].size if k.outer else 1
