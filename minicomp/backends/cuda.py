@@ -107,7 +107,8 @@ def build(graph, ctx):
                 program, more = sized_program(on_device(graph, where), ctx, kernels, launch, module, str(where), wrap)
         else:
             program, more = assemble(on_device(graph, where), ctx, kernels, launch, module, device=str(where))
-        read = [i for i, x in enumerate(graph.inputs) if x not in free_layout_inputs(graph)]  # the kernels
+        free = free_layout_inputs(graph)
+        read = [i for i, x in enumerate(graph.inputs) if x not in free]  # what the kernels read
         check_devices(ctx.name, [(f"input {i}", inputs[i]) for i in read], where, "kernels read it")
         detail.update(more, binary=binary.kind if binary else None, device=str(where))
         return program
