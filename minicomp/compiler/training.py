@@ -4,8 +4,8 @@
 The cut is decided on our IR, where fusion rules and the op table live; the fx modules are cut
 from the joint fx graph at the same values (each IR value a saved set names is the lowering of one
 fx node), by AOTAutograd's own extraction, so its runtime wrapper (saved tensors, version checks)
-stays as it is. The backward module is reordered so each recomputed value sits right before its
-first user, where our scheduler fuses it into the backward kernel that runs there. Joint graphs
+stays as it is. The backward module is reordered (passes/fusion_order.py) so each recomputed value
+sits where our scheduler fuses it into a backward kernel that reads what it is recomputed from. Joint graphs
 this cannot vouch for (opaque objects, collectives, higher-order ops, a lowering error) take
 AOTAutograd's default partition, and the report says so. A joint graph over symbolic sizes is cut
 with the sizes at their hints (capacities are bytes at the sizes being compiled); the sizes the
@@ -30,6 +30,8 @@ from ..report import PartitionReport, Report
 from .debug import Dumper
 from .frontend import Lowerer
 from .passes import partition
+from .passes.fusion_order import fusion_order
+from .schedule import runs_in_torch
 from .sizes import size_env, symbolic
 
 log = logging.getLogger("minicomp")
@@ -87,9 +89,9 @@ def saved_bytes_meter(joint: fx.GraphModule):
     return lambda saved_names: partition.saved_bytes([value[n] for n in saved_names if n in value])
 
 
-def _extract(joint: fx.GraphModule, saved: list, num_fwd_outputs: int, static_nodes):
+def _extract(joint: fx.GraphModule, saved: list, num_fwd_outputs: int, static_nodes, deferrable):
     """AOTAutograd's extraction of the forward and backward modules for a saved set (its keyword
-    arguments differ between torch releases)."""
+    arguments differ between torch releases); the backward reordered by sink_recomputed."""
     fn = partitioners._extract_fwd_bwd_modules
     kw = {"num_fwd_outputs": num_fwd_outputs}
     if "static_lifetime_input_nodes" in inspect.signature(fn).parameters:
@@ -97,7 +99,7 @@ def _extract(joint: fx.GraphModule, saved: list, num_fwd_outputs: int, static_no
     fw, bw = fn(joint, saved, saved_sym_nodes=_sym_nodes(joint), **kw)
     fw.graph.eliminate_dead_code()
     bw.graph.eliminate_dead_code()
-    return fw, sink_recomputed(bw)
+    return fw, sink_recomputed(bw, deferrable)
 
 
 def _is_sym(n: fx.Node) -> bool:
@@ -139,35 +141,19 @@ def _closed(joint: fx.GraphModule, saved: list, num_fwd_outputs: int) -> list:
     return list(saved) + sorted(extra, key=lambda n: n.name)
 
 
-def sink_recomputed(bw: fx.GraphModule) -> fx.GraphModule:
-    """Move every node that does not depend on a tangent (the recomputed forward values) to just
-    before its first user; the rest keeps its order."""
+def sink_recomputed(bw: fx.GraphModule, deferrable=lambda n: False) -> fx.GraphModule:
+    """Reorder the backward module as passes/fusion_order.py says: every node that does not depend
+    on a tangent (the recomputed forward values) just before its first user, and each torch op
+    reading one (`deferrable(fx node)`) after the backward nodes that read what it is recomputed
+    from; the rest keeps its order."""
     nodes = list(bw.graph.nodes)
     tangent = set()
     for n in nodes:
         if (n.op == "placeholder" and "tangents" in n.name) or any(a in tangent for a in n.all_input_nodes):
             tangent.add(n)
     movable = {n for n in nodes if n.op == "call_function" and n not in tangent}
-    placed, order = set(), []
-
-    def emit(n):
-        stack = [(n, False)]
-        while stack:
-            x, ready = stack.pop()
-            if x in placed:
-                continue
-            if ready:
-                placed.add(x)
-                order.append(x)
-                continue
-            stack.append((x, True))
-            stack.extend((a, False) for a in reversed(x.all_input_nodes) if a in movable and a not in placed)
-    for n in nodes:
-        if n not in movable:
-            emit(n)
-    for n in nodes:
-        if n not in placed:
-            emit(n)
+    order = fusion_order(nodes, lambda n: n.all_input_nodes, movable, lambda n: n in tangent and deferrable(n),
+                         lambda n: n.op == "placeholder" and not n.name.startswith(("primals", "tangents")))
     prev = None
     for n in order:
         if prev is not None and prev.next is not n:
@@ -223,7 +209,7 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, options: Options, report: R
     name = f"joint_{next(_names)}"
     dump = Dumper(options, name)
     dump.stage("fx", lambda: joint.print_readable(print_output=False), level=3)
-    graph, rep, _ = lower_joint(joint, name, sizes)
+    graph, rep, value = lower_joint(joint, name, sizes)
     dump.stage("ir", graph.__str__)
 
     def fx_of(n):
@@ -240,11 +226,14 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, options: Options, report: R
     baseline = ours if not options.remat else partition.cut(graph, num_fwd_outputs, kernel_ops, remat=False, **kw)
     dump.stage("cut", lambda: ours.describe(names))
     if dump.dir:
-        fw_ir, bw_ir = partition.split(graph, num_fwd_outputs, ours.saved, ours.in_backward)
+        fw_ir, bw_ir = partition.split(graph, num_fwd_outputs, ours.saved, ours.in_backward, kernel_ops)
         dump.stage("ir_forward", fw_ir.__str__)
         dump.stage("ir_backward", bw_ir.__str__)
+    def in_torch(fx_node):  # a torch op the scheduler does not fuse (a matmul): it may wait for its siblings
+        v = value.get(fx_node.name)
+        return v is not None and v.op in OPS and runs_in_torch(v, kernel_ops)
     fw, bw = _extract(joint, _closed(joint, [fx_of(n) for n in ours.saved], num_fwd_outputs), num_fwd_outputs,
-                      static_nodes)
+                      static_nodes, in_torch)
     baseline_set = set(baseline.saved)
     recomputed = [(names(n), n.op, partition.nbytes(n) if n in baseline_set else 0, int(sym.hint(n.type.numel) * _cost(n)))
                   for n in ours.recomputed if n.op in OPS and OPS[n.op].category not in ("view", "creation")]

@@ -2,6 +2,8 @@
 minicomp gets, and the float64 reference a gradient disagreement with eager is judged by."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -39,3 +41,48 @@ def test_float64_reference_gradients():
     for p, g in zip(m.parameters(), exact):
         torch.testing.assert_close(p.grad.double(), g, rtol=1e-4, atol=1e-6)
     assert all(p.dtype == torch.float32 for p in m.parameters())  # the model itself is left as it was
+
+
+class _LlamaMLP(torch.nn.Module):
+    """Llama's MLP half in plain torch: RMSNorm, then SwiGLU. The SwiGLU product and the norm's
+    scaled output feed only matmuls in the backward (weight gradients, computed first)."""
+
+    def __init__(self, d=64, hidden=160):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(d) + 0.1 * torch.randn(d))
+        self.gate, self.up = torch.nn.Linear(d, hidden, bias=False), torch.nn.Linear(d, hidden, bias=False)
+        self.down = torch.nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        h = self.w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+        return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+def test_swiglu_product_and_norm_output_are_recomputed_inside_backward_kernels():
+    """The weight-gradient matmuls wait for the backward kernel that reads what the product and the
+    norm's output are recomputed from (passes/fusion_order.py), so both are recomputed there: fewer
+    bytes saved than PyTorch's min cut, no more backward kernels than remat=False."""
+    torch.manual_seed(0)
+    model, x = _LlamaMLP(), torch.randn(2, 16, 64)
+    theirs = torch_min_cut_bytes(model, (x,))
+    runs = {}
+    for remat in (True, False):
+        c = minicomp.compile(copy.deepcopy(model), backend="cpu", remat=remat)
+        xs = x.clone().requires_grad_(True)
+        c(xs).square().sum().backward()
+        runs[remat] = c, xs.grad, [p.grad for p in c.model.parameters()]
+    ref = copy.deepcopy(model)
+    xe = x.clone().requires_grad_(True)
+    ref(xe).square().sum().backward()
+    for _, gx, gp in runs.values():
+        torch.testing.assert_close(gx, xe.grad, rtol=1e-4, atol=1e-4)
+        for a, b in zip(gp, [p.grad for p in ref.parameters()]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    p, = runs[True][0].report().partitions
+    recomputed = {op for _, op, *_ in p.recomputed}
+    assert {"mul", "sigmoid"} <= recomputed
+    assert p.saved_bytes <= theirs and p.saved_bytes <= 0.6 * p.no_remat_bytes
+
+    def backward_kernels(c):
+        return sum(g.detail.get("kernels", 0) for g in c.report().graphs if g.kind == "backward")
+    assert backward_kernels(runs[True][0]) <= backward_kernels(runs[False][0])

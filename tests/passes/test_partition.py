@@ -45,7 +45,7 @@ def _names(graph, values):
 
 def _check_split(graph, n_fwd, result, seeds=(0, 1)):
     """forward(primals) then backward(saved, tangents) give the joint graph's outputs exactly."""
-    fw, bw = partition.split(graph, n_fwd, result.saved, result.in_backward)
+    fw, bw = partition.split(graph, n_fwd, result.saved, result.in_backward, SUPPORTED_OPS)
     verify(fw)
     verify(bw)
     assert len(fw.outputs) == n_fwd + len(result.saved)
@@ -89,7 +89,7 @@ def test_recomputed_gelu_fuses_into_the_backward_kernel_after_the_matmul():
     from minicomp.compiler.schedule import KernelStep
     g = _graph(MLP)
     result = partition.cut(g, 1, SUPPORTED_OPS)
-    _, bw = partition.split(g, 1, result.saved, result.in_backward)
+    _, bw = partition.split(g, 1, result.saved, result.in_backward, SUPPORTED_OPS)
     sch, _ = conservative_schedule(bw, SUPPORTED_OPS)
     kernels = [sorted(r.op for r in s.roots) for s in sch.steps if isinstance(s, KernelStep)]
     assert ["gelu", "mul"] in kernels
@@ -183,3 +183,48 @@ def test_a_value_with_no_kernel_on_the_backend_is_saved():
     g = _graph(MLP)
     result = partition.cut(g, 1, SUPPORTED_OPS - {"gelu"})
     assert g.nodes[1] in result.saved and "no kernel" in result.banned[g.nodes[1]]
+
+
+# y = mm(silu(g) * u, wd) with g = mm(x, wg), u = mm(x, wu); AOTAutograd's order: the weight
+# gradient mm(p^T, dy) comes before dp and silu's backward (simplified here to dg = dp * u * sig)
+SWIGLU = ir("""
+    graph joint(%primals_1: f32[4,8], %primals_2: f32[8,16], %primals_3: f32[8,16], %primals_4: f32[16,8], %tangents_1: f32[4,8]) -> (f32[4,8], f32[4,8], f32[8,16], f32[8,16], f32[16,8]) {
+      %0: f32[4,16] = mm %primals_1 %primals_2
+      %1: f32[4,16] = sigmoid %0
+      %2: f32[4,16] = mul %0 %1
+      %3: f32[4,16] = mm %primals_1 %primals_3
+      %4: f32[4,16] = mul %2 %3
+      %5: f32[4,8] = mm %4 %primals_4
+      %6: f32[16,4] = permute %4 [dims=(1, 0)]
+      %7: f32[16,8] = mm %6 %tangents_1
+      %8: f32[8,16] = permute %primals_4 [dims=(1, 0)]
+      %9: f32[4,16] = mm %tangents_1 %8
+      %10: f32[4,16] = mul %9 %3
+      %11: f32[4,16] = mul %9 %2
+      %12: f32[4,16] = mul %10 %1
+      %13: f32[8,4] = permute %primals_1 [dims=(1, 0)]
+      %14: f32[8,16] = mm %13 %11
+      %15: f32[8,16] = mm %13 %12
+      %16: f32[16,8] = permute %primals_3 [dims=(1, 0)]
+      %17: f32[4,8] = mm %11 %16
+      %18: f32[16,8] = permute %primals_2 [dims=(1, 0)]
+      %19: f32[4,8] = mm %12 %18
+      %20: f32[4,8] = add %17 %19
+      return %5, %20, %15, %14, %7
+    }
+""")
+
+
+def test_a_product_only_weight_gradients_read_is_recomputed_in_the_kernel_of_its_backward():
+    """p = silu(g) * u feeds only the weight gradient in the backward, a matmul traced before the
+    kernel that reads g and u: the matmul waits for that kernel, which stores p as well."""
+    from minicomp.compiler.passes.fuse import conservative_schedule
+    from minicomp.compiler.schedule import KernelStep
+    g = _graph(SWIGLU)
+    result = partition.cut(g, 1, SUPPORTED_OPS)
+    assert _names(g, result.saved) == ["%primals_1", "%primals_2", "%primals_3", "%primals_4", "%0", "%3"]
+    assert {n.op for n in result.recomputed if n.op != "permute"} == {"sigmoid", "mul"}
+    _, bw = _check_split(g, 1, result)
+    sch, _ = conservative_schedule(bw, SUPPORTED_OPS)
+    kernels = [sorted(r.op for r in s.roots) for s in sch.steps if isinstance(s, KernelStep)]
+    assert kernels == [["mul", "mul", "mul"], ["add"]]  # p, du and dg in one kernel; dx = dx_u + dx_g

@@ -17,8 +17,9 @@ Never recomputed (an infinite edge from the source): inputs; matmul/conv results
 memory); externs, which includes every random op (a torch call: not repeatable, not fusible);
 reductions; ops the backend's kernels lack; values marked must-save (activation checkpointing's
 MUST_SAVE); and values whose recomputation would not fuse into a backward kernel by our own fusion
-rules -- found by scheduling the backward the cut produces (compiler/schedule.py) and refusing the
-values that would get a kernel of their own there. Recompute chains are bounded by op-table cost
+rules -- found by scheduling the backward the cut produces (compiler/schedule.py, in the order
+fusion_order.py gives) and refusing the values that would get a kernel of their own there, the
+last of a recomputed chain first. Recompute chains are bounded by op-table cost
 per element (MAX_RECOMPUTE_COST): past the bound a value becomes a checkpoint the cut may save, so
 a long chain cannot blow up the backward's flops. `budget` (remat_budget) relaxes these rules step
 by step until the saved bytes fit, and says why when they cannot.
@@ -34,10 +35,11 @@ import networkx as nx
 from ...errors import MinicompError
 from ...ir import OPS, Graph, Node, TensorType, sym
 from ..schedule import KernelStep, runs_in_torch
+from .fusion_order import fusion_order
 from .rematerialize import MAX_RECOMPUTE
 
 MAX_RECOMPUTE_COST = 2 * MAX_RECOMPUTE  # op-table cost per element one recomputed value may inline
-FUSION_CHECKS = 4                       # rounds of "schedule the backward, refuse lone kernels"
+FUSION_CHECKS = 4                       # rounds refusing only the last lone kernels of a chain
 INLINED = ("pointwise", "view", "creation", "data")  # what kernelize.py inlines into a kernel
 # remat_budget: each level recomputes more than the one before (never inputs, matmuls, externs)
 LEVELS = (("fused", MAX_RECOMPUTE_COST, True, False), ("longer chains", 4 * MAX_RECOMPUTE_COST, True, False),
@@ -236,34 +238,18 @@ def _infinite_path(g, everything) -> list:
     return path[::-1]
 
 
-def backward_order(graph: Graph, bw: set, recomputed: set) -> list:
-    """The backward's nodes in joint order, each recomputed value moved to just before its first
-    user: the scheduler then fuses it with the backward kernel that runs there, not with nothing."""
-    users = graph.users()
-    placed, order = set(), []
-
-    def emit(n):
-        stack = [(n, False)]
-        while stack:
-            x, ready = stack.pop()
-            if x in placed:
-                continue
-            if ready:
-                placed.add(x)
-                order.append(x)
-                continue
-            stack.append((x, True))
-            stack.extend((a, False) for a in reversed(x.args) if a in recomputed and a not in placed)
-    for n in graph.nodes:
-        if n in bw:
-            emit(n)
-    for n in graph.nodes:  # recomputed values no backward node reached (a bw output itself)
-        if n in recomputed and n not in placed and users.get(n) is not None:
-            emit(n)
-    return order
+def backward_order(graph: Graph, bw: set, saved, recomputed: set, kernel_ops) -> list:
+    """The backward's nodes and recomputed values in the order fusion_order.py gives: each
+    recomputed value just before its first user, a torch op reading one after the backward nodes
+    that read what it is recomputed from (the scheduler then fuses it with their kernel)."""
+    keep = set(saved) | bw | recomputed
+    nodes = [n for n in graph.inputs + graph.nodes if n in keep]
+    order = fusion_order(nodes, lambda n: n.args if n in bw or n in recomputed else (), recomputed,
+                         lambda n: n.op in OPS and runs_in_torch(n, kernel_ops), lambda n: n.op != "input")
+    return [n for n in order if n in bw or n in recomputed]
 
 
-def _backward(graph: Graph, n_fwd: int, saved: list, recomputed: list) -> tuple[Graph, dict]:
+def _backward(graph: Graph, n_fwd: int, saved: list, recomputed: list, kernel_ops) -> tuple[Graph, dict]:
     """The backward graph (inputs: the saved values, then the tangents; outputs: the gradients) and
     {its node: the joint graph's node it copies}."""
     tangents, bw = classify(graph, n_fwd)[:2]
@@ -274,7 +260,7 @@ def _backward(graph: Graph, n_fwd: int, saved: list, recomputed: list) -> tuple[
         copies[v] = Node("input", (), type=v.type, name=name, meta=v.meta)
         inputs.append(copies[v])
     nodes, origin = [], {}
-    for n in backward_order(graph, bw, rec):
+    for n in backward_order(graph, bw, saved, rec, kernel_ops):
         if n in copies:
             continue
         copies[n] = c = Node(n.op, tuple(copies[a] for a in n.args), n.attrs, n.type, n.name, n.meta)
@@ -284,7 +270,7 @@ def _backward(graph: Graph, n_fwd: int, saved: list, recomputed: list) -> tuple[
     return Graph(f"{graph.name}_backward", inputs, nodes, outs, graph.constants, graph.sizes, graph.size_inputs), origin
 
 
-def split(graph: Graph, n_fwd: int, saved: list, recomputed: list) -> tuple[Graph, Graph]:
+def split(graph: Graph, n_fwd: int, saved: list, recomputed: list, kernel_ops) -> tuple[Graph, Graph]:
     """The forward graph (its outputs, then the saved values) and the backward graph (inputs: the
     saved values, then the tangents; outputs: the gradients). The forward shares the joint graph's
     nodes; the backward is a copy."""
@@ -296,14 +282,14 @@ def split(graph: Graph, n_fwd: int, saved: list, recomputed: list) -> tuple[Grap
             live.update(n.args)
     fw = Graph(f"{graph.name}_forward", [x for x in graph.inputs if x not in tangents],
                [n for n in graph.nodes if n in live], fw_out, graph.constants, graph.sizes, graph.size_inputs)
-    return fw, _backward(graph, n_fwd, saved, recomputed)[0]
+    return fw, _backward(graph, n_fwd, saved, recomputed, kernel_ops)[0]
 
 
 def _lone_kernels(graph: Graph, n_fwd: int, saved, in_backward, kernel_ops, recomputed: set) -> set:
     """Recomputed values that the backward's schedule stores in a kernel of their own (a kernel
     storing nothing but recomputed values): their recomputation did not fuse into the backward."""
     from .fuse import conservative_schedule
-    bw_graph, origin = _backward(graph, n_fwd, saved, in_backward)
+    bw_graph, origin = _backward(graph, n_fwd, saved, in_backward, kernel_ops)
     sch, _ = conservative_schedule(bw_graph, kernel_ops)
     lone = set()
     for step in sch.steps:
@@ -312,6 +298,21 @@ def _lone_kernels(graph: Graph, n_fwd: int, saved, in_backward, kernel_ops, reco
             if roots and all(r in recomputed for r in roots):
                 lone.update(roots)
     return lone
+
+
+def _last(lone: set, recomputed: set) -> set:
+    """The lone values that feed no other lone value through recomputed values. An earlier one may be lone only because a
+    later lone one shares it (an embedding lookup under a norm whose output got a kernel): once
+    the later one is saved it may fuse, so it is judged again in the next round."""
+    fed = set()
+    for n in lone:
+        stack = [a for a in n.args if a in recomputed]
+        while stack:
+            a = stack.pop()
+            if a not in fed:
+                fed.add(a)
+                stack.extend(b for b in a.args if b in recomputed)
+    return {n for n in lone if n not in fed}
 
 
 def cut(graph: Graph, n_fwd: int, kernel_ops, *, remat: bool = True, budget: Optional[float] = None,
@@ -328,11 +329,15 @@ def cut(graph: Graph, n_fwd: int, kernel_ops, *, remat: bool = True, budget: Opt
 
     def make(banned, level, fused):
         saved, rest = min_cut(graph, n_fwd, banned, saveable, must_recompute)
-        for _ in range(FUSION_CHECKS if fused else 0):
+        rounds = 0
+        while fused:  # each round bans at least one more value: it ends
             rec = [n for n in rest if n in sides.forward]
             lone = _lone_kernels(graph, n_fwd, saved, rest, kernel_ops, set(rec)) if rec else set()
             if not lone:
                 break
+            rounds += 1
+            if rounds <= FUSION_CHECKS:  # after that, every lone value at once
+                lone = _last(lone, set(rec))
             lone_groups = {group(x) for x in lone} - {None}
             more = dict(banned)
             for n in list(lone) + [m for m in graph.nodes if group(m) in lone_groups and m in sides.forward]:
