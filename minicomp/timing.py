@@ -89,15 +89,17 @@ def grid(rows: list, columns: list) -> list:
 
 def peak_bytes(call) -> int:
     """The most memory `call()` holds at once beyond what was allocated before it, from the
-    profiler's record of every allocation and free (CPU tensors, and GPU ones on a GPU)."""
+    profiler's record of every allocation and free (CPU tensors, and GPU ones on a GPU), in the
+    order they happened. (Summing each op's self memory in op order would book a free at a
+    function's return at the start of the op enclosing it, as if freed before it was allocated.)"""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities, profile_memory=True) as prof:
         call()
-    # an op's allocations are its own (self) memory, at its start; frees are "[memory]" events
-    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
     held = peak = 0
     for e in events:
-        held += e.self_cpu_memory_usage + e.self_device_memory_usage
+        held += e.nbytes()
         peak = max(peak, held)
     return peak

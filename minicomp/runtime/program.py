@@ -85,6 +85,31 @@ class AsStrided:
         return [f"{v(self.out)} = {r}.as_strided({self.size!r}, {self.stride!r}, {r}.storage_offset() + {self.offset})"]
 
 
+def _touched(step) -> list:
+    """The env slots a step reads or writes."""
+    if isinstance(step, TorchCall):
+        return step.args + [step.out]
+    if isinstance(step, AsStrided):
+        return [step.root, step.out]
+    return list(getattr(step, "slots", ()))
+
+
+def _last_uses(steps: list, p, fixed) -> dict:
+    """{step index: the temporaries (torch results, their views, fresh buffers) no later step reads}:
+    the call drops each after its last use, as Inductor's code does, so malloc hands the memory to
+    the next torch result while its pages are warm and the call's peak stays low."""
+    last: dict = {}
+    for k, step in enumerate(steps):
+        for x in _touched(step):
+            last[x] = k
+    keep = {o for o in p.outputs if o is not None}
+    out: dict = {}
+    for x, k in last.items():
+        if x >= p.n_inputs and x not in keep and fixed(x) is None:
+            out.setdefault(k, []).append(x)
+    return {k: sorted(xs) for k, xs in out.items()}
+
+
 class Program:
     """`buffers` lists the slots kernels write: (slot, shape, dtype, arena offset, or None for a fresh
     output each call). `keepalive` holds what the steps' code lives in (a JIT engine, a module).
@@ -276,7 +301,8 @@ class Executor:
                                         for i in p.contiguous_inputs]))
         for slot, make in self.fresh:
             ns[f"M{slot}"] = make
-        groups.append(("output allocation", [f"s{slot} = M{slot}()" for slot, _ in self.fresh]))
+        allocation = ("output allocation", [f"s{slot} = M{slot}()" for slot, _ in self.fresh])
+        groups.append(allocation)  # a call with torch steps makes each just before its first use instead
         tables = [s.ptrs_addr for s in self.steps if hasattr(s, "prefill")]
         if len(set(tables)) == len(tables):  # no two launches share a table: fixed pointers go in once
             for step in self.steps:
@@ -291,10 +317,20 @@ class Executor:
                     groups.append(("views", step.emit(k, v, ns)))
             body = plan(dynamic, fixed).emit([v(s) for s in dynamic], ns)
             groups += [("pointer binding", body[:-1]), ("kernels", body[-1:])]
+        last = _last_uses(self.steps, p, fixed)
+        first: dict = {}
+        if plan is None and self.steps:  # each output made just before the step that writes it, not held across
+            groups.remove(allocation)  # the torch calls before it (oneDNN scratch, a matmul result)
+            touches = [_touched(step) for step in self.steps]
+            for slot, _ in self.fresh:
+                k = next((k for k, t in enumerate(touches) if slot in t), 0)
+                first.setdefault(k, []).append(f"s{slot} = M{slot}()")
         for k, (step, timer) in enumerate(zip(self.steps, p.timers)):
             if plan is not None:
                 break
-            body = step.emit(k, v, ns)
+            if k in first:
+                groups.append(("output allocation", first[k]))
+            body = step.emit(k, v, ns) + ([f"del {', '.join(f's{x}' for x in last[k])}"] if k in last else [])
             if timer is not None:
                 ns[f"D{k}"] = timer
                 body = ["t = clock()", *body, f"D{k}(clock() - t)"]
