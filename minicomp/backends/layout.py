@@ -12,7 +12,7 @@ import torch
 
 from ..ir import DTYPES, OPS, Node, TensorType, sym_values
 
-CONTIGUOUS_TORCH_OPS = ("mm", "bmm")  # torch ops whose result is always a new contiguous tensor
+CONTIGUOUS_TORCH_OPS = ("mm", "bmm", "conv_cl")  # torch ops whose result is always a new contiguous tensor
 
 
 def meta_of(node: Node):

@@ -60,6 +60,7 @@ class Context:
     artifacts: dict = field(default_factory=dict)  # the backend's generated code, kept with a Built graph
     phases_ms: dict = field(default_factory=dict)  # where this graph's compile went (GraphReport.phases_ms)
     guarded_contiguous: frozenset = frozenset()  # inputs whose strides Dynamo's guards fix, contiguous: no check
+    channels_last: bool = False         # 2-d convolutions run on [N,H,W,C] data (passes/channels_last.py)
 
 
 class Built(NamedTuple):
@@ -160,6 +161,7 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
     name = f"{kind}_{next(_names)}"
     backend = resolve_backend(options.backend, "cuda" if "cuda" in devices else "cpu")
     ctx = make_context(options, name, backend, report)
+    ctx.channels_last = kind == "inference" and "cuda" not in devices  # oneDNN's layout; cuDNN's is untried here
     progress = Progress(name)
     if isinstance(cached, Built):
         graph, fx_nodes, externs, ctx.arena_bytes, ctx.remat_bytes_saved, ctx.artifacts = cached

@@ -9,6 +9,7 @@ import math
 
 from ..ir import dtype_name
 from ..ir.sym import is_sym, known
+from .lower_nn import fold_batch_norm
 from .lowering import Unsupported, aten, compute_dtype, lowering, norm_dim, norm_dims
 
 
@@ -233,12 +234,17 @@ def _batch_norm_train(b, x, weight, bias, running_mean, running_var, training=No
 @lowering(aten._native_batch_norm_legit_no_training.default)
 def _batch_norm_eval(b, x, weight, bias, running_mean, running_var, momentum, eps):
     acc = compute_dtype(x.type.dtype)
+    empty = b.full(0, dtype_name(b.val[1].dtype), (0,))
+    if x.op == "conv" and running_mean is not None and running_var is not None:
+        rstd_c = b.emit("rsqrt", b.emit("add", b.cast(running_var, acc), b.full(eps, acc)))
+        folded = fold_batch_norm(b, x, b.cast(running_mean, acc), rstd_c, weight, bias)
+        if folded is not None:
+            return folded, empty, empty
     shape = _bn_shape(x)
     mean = b.reshape(b.cast(running_mean, acc), shape)
     rstd = b.emit("rsqrt", b.emit("add", b.reshape(b.cast(running_var, acc), shape), b.full(eps, acc)))
     y = b.emit("mul", b.emit("sub", b.cast(x, acc), mean), rstd)
     out = b.cast(_affine(b, y, weight, bias, shape), x.type.dtype)
-    empty = b.full(0, dtype_name(b.val[1].dtype), (0,))
     return out, empty, empty
 
 

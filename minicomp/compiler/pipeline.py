@@ -2,7 +2,8 @@
 and dumps. What is listed here is exactly what runs.
 
 `interpret` runs the tensor-level graph op by op, so it gets the tensor passes only; a backend with
-kernels (cpu, cuda, cuda_emu) also splits large reductions, fuses (rematerialization included: one
+kernels (cpu, cuda, cuda_emu) also puts CPU inference convolutions in channels-last (their input
+is a buffer its kernels write in that order), splits large reductions, fuses (rematerialization included: one
 stage, whose result is the fused graph) and plans the arena.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 
 from ..ir import Graph, round_trip, sym, verify
-from .passes import cse, dce, fold_constants, fuse, plan_memory, simplify_views, split_reductions
+from .passes import channels_last, cse, dce, fold_constants, fuse, plan_memory, simplify_views, split_reductions
 
 TENSOR_PASSES = [
     ("simplify_views", simplify_views.run),
@@ -19,6 +20,7 @@ TENSOR_PASSES = [
     ("dce", dce.run),
 ]
 KERNEL_PASSES = TENSOR_PASSES + [
+    ("channels_last", channels_last.run),
     ("split_reductions", split_reductions.run),
     ("fuse", fuse.run),
     ("plan_memory", plan_memory.run),

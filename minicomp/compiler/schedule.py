@@ -246,8 +246,8 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
             need(o, "graph output", allow_view=False)
     for n in graph.nodes:
         if runs_in_torch(n, kernel_ops):
-            for a in n.args:
-                need(a, f"operand of {n.op} (runs in torch)", allow_view=True)
+            for i, a in enumerate(n.args):  # conv_cl's input and weight: in memory in the order of their type
+                need(a, f"operand of {n.op} (runs in torch)", allow_view=not (n.op == "conv_cl" and i < 2))
     return M, why, views
 
 

@@ -344,6 +344,25 @@ _add("bmm", "matmul", _bmm_infer, lambda xs, a, d: torch.bmm(*xs),
 _add("conv", "matmul", _conv_infer, _conv_ref, _conv_flops, None,
      ("stride", "padding", "dilation", "transposed", "output_padding", "groups"))
 
+
+def _conv_cl_ref(xs, a, device):
+    """conv over channels-last data: input [N,H,W,C], weight [O,kh,kw,C/groups] and result
+    [N,H',W',O], contiguous (oneDNN's preferred layout on CPU; passes/channels_last.py puts it in)."""
+    y = _conv_ref([xs[0].permute(0, 3, 1, 2), xs[1].permute(0, 3, 1, 2), *xs[2:]], a, device)
+    return y.permute(0, 2, 3, 1).contiguous()
+
+
+def _conv_cl_infer(ts, a):
+    if len(ts) < 2 or len(ts[0].shape) != 4 or len(ts[1].shape) != 4:
+        raise TypeError(f"conv_cl of {', '.join(map(str, ts))}: wants a 4-d [N,H,W,C] input and [O,kh,kw,C] weight")
+    nchw = [TensorType(tuple(t.shape[d] for d in (0, 3, 1, 2)), t.dtype) for t in ts[:2]]
+    out = _conv_infer(nchw + list(ts[2:]), a)
+    return TensorType((out.shape[0], out.shape[2], out.shape[3], out.shape[1]), out.dtype)
+
+
+_add("conv_cl", "matmul", _conv_cl_infer, _conv_cl_ref, _conv_flops, None,
+     ("stride", "padding", "dilation", "transposed", "output_padding", "groups"))
+
 # ---- extern: any ATen op without a lowering runs through torch --------------------------------------------
 
 
