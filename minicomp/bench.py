@@ -20,7 +20,9 @@ tolerance is marked WRONG and left out of the geomean: a fast wrong answer never
 Compile times: the first call with cold caches, then a recompile in the same process after
 `torch._dynamo.reset()` (`again s`), minicomp's own part of it (`own s`), and Dynamo's trace alone
 (`dynamo s`: its `eager` backend's first call less its second), which every Dynamo-based compiler
-pays before its own work.
+pays before its own work, and `trace s`: Dynamo and AOTAutograd's traces with nothing compiled, as
+minicomp runs them (`trace/ind.`: that over Inductor's cold compile, the least ratio a compiler
+built on both can reach).
 """
 from __future__ import annotations
 
@@ -75,6 +77,17 @@ def _max_err(actual, expected) -> tuple[float, float]:
     return err, scale
 
 
+def _trace_only():
+    """A Dynamo backend that runs AOTAutograd as minicomp does (same decompositions) and compiles
+    nothing: Dynamo's and AOTAutograd's traces, the part of minicomp's cold compile that is torch's."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    from minicomp.compiler.capture import _DECOMPOSITIONS
+    keep = lambda gm, _: make_boxed_func(gm)  # noqa: E731
+    return aot_autograd(fw_compiler=keep, bw_compiler=keep, inference_compiler=keep, decompositions=_DECOMPOSITIONS)
+
+
 def _timed_first_call(fn, inputs) -> tuple[float, object]:
     t0 = time.perf_counter()
     out = fn(*inputs)
@@ -127,18 +140,22 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
     # size takes 0.3 s and lands on one compile or another). No reset follows the last round: the
     # callables timed below are its compiles, and a reset would drop them.
     # Dynamo's own trace of the case (its `eager` backend compiles nothing) is the floor under both.
-    again, ind_again, dynamo = [], [], []
+    again, ind_again, dynamo, traces = [], [], [], []
     for _ in range(AGAIN_SAMPLES):
         torch._dynamo.reset()
         traced = torch.compile(fn, backend="eager")
         dynamo.append(_timed_first_call(traced, inputs)[0] - _timed_first_call(traced, inputs)[0])  # less a run
+        torch._dynamo.reset()
+        traced = torch.compile(fn, backend=_trace_only())
+        traces.append(_timed_first_call(traced, inputs)[0] - _timed_first_call(traced, inputs)[0])
+        torch._dynamo.reset()
         compiled = minicomp.compile(fn, backend=backend)
         s, actual = _timed_first_call(compiled, inputs)
         again.append(s)
         if inductor_compile_s is not None:
             inductor = torch.compile(fn)
             ind_again.append(_timed_first_call(inductor, inputs)[0])
-    recompile_s, dynamo_s = statistics.median(again), statistics.median(dynamo)
+    recompile_s, dynamo_s, trace_s = statistics.median(again), statistics.median(dynamo), statistics.median(traces)
     inductor_again_s = statistics.median(ind_again) if ind_again else None
     if inductor_compile_s is None:
         inductor = None
@@ -183,7 +200,8 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
         "fresh_vs_eager": t["fresh"] / t["eager"],
         "fresh_vs_inductor": t["fresh"] / t["inductor"] if inductor is not None else None,
         "bytes": moved, "gbps": gbps, "copy_gbps": copy_gbps, "pct_copy": 100 * gbps / copy_gbps,
-        "compile_s": compile_s, "recompile_s": recompile_s, "own_s": own_s, "dynamo_s": dynamo_s,
+        "compile_s": compile_s, "recompile_s": recompile_s, "own_s": own_s, "dynamo_s": dynamo_s, "trace_s": trace_s,
+        "trace_floor": trace_s / inductor_compile_s if inductor_compile_s else None,
         "inductor_compile_s": inductor_compile_s, "inductor_again_s": inductor_again_s,
         "eager_peak_kib": eager_peak / 1024, "mc_peak_kib": mc_peak / 1024,
         "max_abs_err": err, "ok": ok, "notes": notes, "overhead_us": overhead,
@@ -226,7 +244,7 @@ COLUMNS = [  # (header, row key, format)
     ("torch calls", "torch_share", "{:.0%}"), ("floor", "floor", "{:.2f}"),
     ("GB/s", "gbps", "{:.1f}"), ("% copy", "pct_copy", "{:.0f}%"),
     ("compile s", "compile_s", "{:.2f}"), ("again s", "recompile_s", "{:.2f}"), ("own s", "own_s", "{:.2f}"),
-    ("dynamo s", "dynamo_s", "{:.2f}"),
+    ("dynamo s", "dynamo_s", "{:.2f}"), ("trace s", "trace_s", "{:.2f}"), ("trace/ind.", "trace_floor", "{:.2f}"),
     ("inductor s", "inductor_compile_s", "{:.2f}"), ("ind. again s", "inductor_again_s", "{:.2f}"),
     ("eager peak KiB", "eager_peak_kib", "{:.0f}"), ("mc peak KiB", "mc_peak_kib", "{:.0f}"),
     ("max abs err", "max_abs_err", "{:.1e}"),
@@ -246,7 +264,8 @@ def format_table(rows: list) -> str:
                    f"compile s = first call, cold caches; again s = a fresh compile of the same case in this process, median of 3 "
                    f"(Dynamo traces again; minicomp's graph cache then skips AOTAutograd, lowering, passes and code generation, "
                    f"as Inductor's caches skip its own); own s = minicomp's part of that (building the program, loading machine code); "
-                   f"dynamo s = Dynamo's trace alone (backend='eager', same rounds; its first call less its second): what no Dynamo-based compile goes under; "
+                   f"dynamo s = Dynamo's trace alone (backend='eager', same rounds; its first call less its second): what no Dynamo-based compile goes under; trace s = Dynamo and AOTAutograd with nothing compiled (same decompositions, same rounds), "
+                   f"the part of a cold compile that is torch's, and trace/ind. that over Inductor's cold compile: the least a compile through both can be; "
                    f"torch calls = the share of a profiled minicomp call's step time (medians summed) in torch calls: "
                    f"matmuls and convolutions through BLAS/oneDNN, as Inductor calls them; the rest is minicomp's kernels; "
                    f"floor = that share x mc/inductor: the ratio left if minicomp's own kernels cost nothing; "
