@@ -1,22 +1,24 @@
 """Channels-last convolutions: 2-d convolutions run on [N,H,W,C] data (CPU inference graphs).
 
-On CPU, oneDNN convolves channels-last data 1.1-9x faster than the same [N,C,H,W] data, which it
-reorders first (the benchmark's convnet: 3.5 ms of its 9.8 ms of convolutions; this CPU, batch 16).
-The IR carries no strides, so the layout is written into the graph as permutes:
+On CPU, oneDNN convolves channels-last data with a channels-last weight faster than [N,C,H,W]
+data, which it reorders first: the benchmark convnet's nine convolutions take 7.97 ms against
+8.64 ms (this CPU, batch 16, interleaved), and with each eval batch norm folded into its
+convolution (lower_nn.py) they take what Inductor's take. The IR carries no strides, so the
+layout is written into the graph as permutes:
 
     y = conv(x, w)   ->   z = conv_cl(permute(x, NHWC), permute(w, NHWC));  y = permute(z, NCHW)
 
 conv_cl's input and weight are buffers kernels write in that order (schedule.py materializes
-them): the kernel that computes x -- batch norm, ReLU, a residual add -- writes it that way,
-reading the previous conv_cl's contiguous result through the permute as index math, and the
-weight is transposed each call (as Inductor's layout optimization does; oneDNN would reorder an
-[O,C,kh,kw] weight itself, slower). Between two convolutions
-with nothing in between the permutes cancel (simplify_views.py). Nothing else changes: every
-value keeps its type, so outputs, gradients and the other ops see [N,C,H,W] as before.
+them): the kernel that computes x -- ReLU, a residual add -- writes it that way, reading the
+previous conv_cl's contiguous result through the permute as index math, and the weight is
+transposed each call (as Inductor's layout optimization does: the parameters may change between
+calls). A value some other op reads too is stored once, in [N,H,W,C] order, and read through a
+permute back; a conv reading a conv's result reads it as it is. Every value keeps its type, so
+outputs and the other ops see [N,C,H,W] as before.
 
-Assumes: a lowered graph before simplify_views; ctx.channels_last says whether the graph's torch
-ops run on CPU in inference (training graphs keep the layout the saved values and the
-convolution backward share). Guarantees: the graph computes the same values.
+Assumes: the tensor passes have run (it runs before fusion); ctx.channels_last says whether the
+graph's torch ops run on CPU in inference (training graphs keep the layout the saved values and
+the convolution backward share). Guarantees: the graph computes the same values.
 """
 from __future__ import annotations
 
@@ -60,7 +62,8 @@ def run(graph: Graph, ctx=None) -> Graph:
     def layout(v, meta):
         nhwc[v] = _permute(v, NHWC, meta)
         nodes.append(nhwc[v])
-        if _kernel_value(v) and (v in outputs or any(u not in convs for u in users[v])):  # its other readers read the [N,H,W,C] buffer through a permute: stored once
+        if _kernel_value(v) and (v in outputs or any(u not in convs for u in users[v])):
+            # its other readers read the [N,H,W,C] buffer through a permute: the value is stored once
             replace[v] = back = _permute(nhwc[v], NCHW, meta)
             nhwc[back] = nhwc[v]
             nodes.append(back)
