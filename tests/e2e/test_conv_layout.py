@@ -80,6 +80,30 @@ def test_small_and_odd_convolutions_keep_their_layout_and_match():
         assert_matches_eager(big, x, backend="cpu", rtol=1e-4, atol=1e-4, grad=False)
 
 
+class SharedConv(nn.Module):
+    """The convolution's result is an output too: batch norm is not folded into it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8, affine=False)
+        self.bn.running_var.fill_(3.0)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.bn(y), y
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_norm_without_affine_and_a_shared_convolution(backend):
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8, affine=False)).eval()
+    plain[1].running_mean.uniform_(-1, 1)
+    with torch.no_grad():
+        assert_matches_eager(plain, torch.randn(2, 4, 48, 48), backend=backend, rtol=1e-4, atol=1e-4, grad=False)
+        assert_matches_eager(SharedConv().eval(), torch.randn(2, 4, 48, 48), backend=backend, rtol=1e-4,
+                             atol=1e-4, grad=False)
+
+
 def test_training_keeps_the_layout_and_its_gradients():
     """Training graphs keep [N,C,H,W] (the convolution backward and the saved values share it), and
     a batch norm in eval mode inside a trained model is folded with gradients still exact."""
