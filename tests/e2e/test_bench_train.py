@@ -86,3 +86,13 @@ def test_swiglu_product_and_norm_output_are_recomputed_inside_backward_kernels()
     def backward_kernels(c):
         return sum(g.detail.get("kernels", 0) for g in c.report().graphs if g.kind == "backward")
     assert backward_kernels(runs[True][0]) <= backward_kernels(runs[False][0])
+
+
+def test_training_rows_say_how_much_of_a_step_is_torch_code():
+    from minicomp.bench_train import format_train_table, run_train
+    row, = run_train(["mlp_gelu_train"], backend="cpu", reps=2, quick=True)
+    assert row["ok"] and 0 < row["torch_share"] <= 1
+    assert row["floor"] is None or abs(row["floor"] - row["torch_share"] * row["vs_inductor"]) < 1e-9
+    assert row["saved_kib"] < row["noremat_kib"]
+    table = format_train_table([row])
+    assert "torch" in table.splitlines()[0] and "floor" in table.splitlines()[0]
