@@ -29,6 +29,7 @@ except ImportError:  # private: a torch without it gets the public call
     def _empty_strided_cpu(size, stride, dtype):
         return torch.empty_strided(size, stride, dtype=dtype)
 
+from .pages import HUGE_MIN_BYTES, advise_huge
 from torch.autograd import profiler as _profiler  # ._is_profiler_enabled: whether a torch.profiler records
 
 
@@ -52,7 +53,7 @@ class Recycler:
         for s in self.storages:
             if torch._C._storage_Use_Count(s._cdata) == 1 and s.nbytes() == self.nbytes:
                 return torch.empty(0, dtype=self.dtype, device=self.device).set_(s, 0, self.shape, self.stride)
-        t = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        t = advise_huge(torch.empty(self.shape, dtype=self.dtype, device=self.device))
         if len(self.storages) < RECYCLE_KEEP:
             self.storages.append(t.untyped_storage())
         return t
@@ -219,7 +220,7 @@ class Executor:
         template = [None] * p.n_slots
         for i, c in enumerate(p.constants):
             template[p.n_inputs + i] = c.contiguous()
-        arena = torch.empty(p.arena_bytes, dtype=torch.uint8, device=p.device) if p.arena_bytes else None
+        arena = advise_huge(torch.empty(p.arena_bytes, dtype=torch.uint8, device=p.device)) if p.arena_bytes else None
         self.fresh = []
         cpu = torch.device(p.device).type == "cpu"
         for slot, shape, dtype, offset in p.buffers:
@@ -229,7 +230,8 @@ class Executor:
                     self.fresh.append((slot, Recycler(shape, dtype, p.device)))
                 elif cpu:
                     stride = torch.empty(shape, device="meta").stride()
-                    self.fresh.append((slot, functools.partial(_empty_strided_cpu, tuple(shape), stride, dtype)))
+                    make = functools.partial(_empty_strided_cpu, tuple(shape), stride, dtype)
+                    self.fresh.append((slot, (lambda make=make: advise_huge(make())) if nbytes >= HUGE_MIN_BYTES else make))
                 else:
                     self.fresh.append((slot, functools.partial(torch.empty, shape, dtype=dtype, device=p.device)))
             else:
