@@ -11,7 +11,9 @@ minicomp's min cut, remat=False, and PyTorch's own min-cut partitioner
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+import statistics
 import sys
 import time
 
@@ -19,7 +21,9 @@ import torch
 import torch.nn.functional as F
 
 import minicomp
+from minicomp.api import CompiledModule
 from minicomp.bench_cases import Case, make_train_case
+from minicomp.options import Options
 from minicomp.timing import grid, set_threads, time_interleaved
 
 TOLERANCE = 1e-4  # max abs gradient error after one step, relative to max(1, max |eager gradient|)
@@ -72,11 +76,6 @@ def torch_time_per_step(model, inputs, target, backend: str, reps: int) -> float
     optimizer step, and the torch calls (matmuls, attention, convolutions) in the profiled forward
     and backward programs (medians of each step, summed). What is left of a step is minicomp's
     kernels and the call paths of ours, AOTAutograd's and autograd's."""
-    import dataclasses
-    import statistics
-
-    from minicomp.api import CompiledModule
-    from minicomp.options import Options
     model = copy.deepcopy(model)
     fn = CompiledModule(model, dataclasses.replace(Options.make(backend=backend), profile=True))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)

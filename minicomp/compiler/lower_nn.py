@@ -124,25 +124,28 @@ def _scale_add(b, prod, bias, beta, alpha):
     return b.emit("add", prod, bias)
 
 
-def fold_batch_norm(b, conv, mean, rstd, weight, bias):
+def fold_batch_norm(b, conv, running_mean, running_var, eps, weight, bias):
     """Batch norm in eval mode of a convolution's result only it reads, as one convolution: its
-    weight scaled by weight * rstd per output channel, its bias (b - mean) * that + bias. The
-    scaling is per call and weight-sized (the parameters may change between calls); the norm's
-    pass over the activations is gone. None where it does not apply (a transposed convolution,
-    low precision: eager normalizes a bf16 result in f32)."""
+    weight scaled by weight * rsqrt(var + eps) per output channel, its bias (b - mean) * that +
+    bias. The scaling is per call and weight-sized (the parameters may change between calls); the
+    norm's pass over the activations is gone. None, having emitted nothing, where it does not apply
+    (a transposed convolution; low precision: eager normalizes a bf16 result in f32)."""
+    if (conv.op != "conv" or conv.attrs["transposed"] or conv.type.dtype not in ("f32", "f64")
+            or running_mean is None or running_var is None
+            or len(b.fx_node.args[0].users) != 1):  # the convolution's result is read elsewhere too
+        return None
     x, w = conv.args[:2]
-    if conv.op != "conv" or conv.attrs["transposed"] or conv.type.dtype not in ("f32", "f64"):
-        return None
-    if len(b.fx_node.args[0].users) != 1:  # the convolution's result is read elsewhere too
-        return None
-    scale = rstd if weight is None else b.emit("mul", rstd, b.cast(weight, rstd.type.dtype))
-    shift = b.emit("neg", b.emit("mul", b.cast(mean, scale.type.dtype), scale))
+    dt = conv.type.dtype
+    rstd = b.emit("rsqrt", b.emit("add", b.cast(running_var, dt), b.full(eps, dt)))
+    mean = b.cast(running_mean, dt)
+    scale = rstd if weight is None else b.emit("mul", rstd, b.cast(weight, dt))
+    shift = b.emit("neg", b.emit("mul", mean, scale))
     if len(conv.args) > 2:
         shift = b.emit("add", shift, b.emit("mul", conv.args[2], scale))
     if bias is not None:
-        shift = b.emit("add", shift, b.cast(bias, scale.type.dtype))
-    w2 = b.emit("mul", w, b.reshape(b.cast(scale, w.type.dtype), (w.type.shape[0],) + (1,) * (w.type.ndim - 1)))
-    return b.emit("conv", x, w2, b.cast(shift, w.type.dtype), **conv.attrs)
+        shift = b.emit("add", shift, b.cast(bias, dt))
+    w2 = b.emit("mul", w, b.reshape(scale, (w.type.shape[0],) + (1,) * (w.type.ndim - 1)))
+    return b.emit("conv", x, w2, shift, **conv.attrs)
 
 
 @lowering(aten.convolution.default)

@@ -235,11 +235,9 @@ def _batch_norm_train(b, x, weight, bias, running_mean, running_var, training=No
 def _batch_norm_eval(b, x, weight, bias, running_mean, running_var, momentum, eps):
     acc = compute_dtype(x.type.dtype)
     empty = b.full(0, dtype_name(b.val[1].dtype), (0,))
-    if x.op == "conv" and running_mean is not None and running_var is not None:
-        rstd_c = b.emit("rsqrt", b.emit("add", b.cast(running_var, acc), b.full(eps, acc)))
-        folded = fold_batch_norm(b, x, b.cast(running_mean, acc), rstd_c, weight, bias)
-        if folded is not None:
-            return folded, empty, empty
+    folded = fold_batch_norm(b, x, running_mean, running_var, eps, weight, bias)
+    if folded is not None:
+        return folded, empty, empty
     shape = _bn_shape(x)
     mean = b.reshape(b.cast(running_mean, acc), shape)
     rstd = b.emit("rsqrt", b.emit("add", b.reshape(b.cast(running_var, acc), shape), b.full(eps, acc)))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..backends.layout import CONTIGUOUS_TORCH_OPS, meta_of
+from ..backends.layout import CONTIGUOUS_TORCH_OPS, ORDERED_OPERANDS, meta_of
 from ..ir import OPS, Graph, Node, sym_values
 from .kernelize import KernelBuilder, NotFusable, prefix_reshape
 
@@ -246,8 +246,9 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
             need(o, "graph output", allow_view=False)
     for n in graph.nodes:
         if runs_in_torch(n, kernel_ops):
-            for i, a in enumerate(n.args):  # conv_cl's input and weight: in memory in the order of their type
-                need(a, f"operand of {n.op} (runs in torch)", allow_view=not (n.op == "conv_cl" and i < 2))
+            ordered = ORDERED_OPERANDS.get(n.op, 0)
+            for i, a in enumerate(n.args):
+                need(a, f"operand of {n.op} (runs in torch)", allow_view=i >= ordered)
     return M, why, views
 
 

@@ -95,20 +95,22 @@ def _touched(step) -> list:
     return list(getattr(step, "slots", ()))
 
 
-def _last_uses(steps: list, p, fixed) -> dict:
-    """{step index: the temporaries (torch results, their views, fresh buffers) no later step reads}:
-    the call drops each after its last use, as Inductor's code does, so malloc hands the memory to
-    the next torch result while its pages are warm and the call's peak stays low."""
-    last: dict = {}
+def _lifetimes(steps: list, p, fixed) -> tuple[dict, dict]:
+    """({slot: the first step touching it}, {step index: the temporaries -- torch results, their
+    views, fresh buffers -- no later step reads}). The call makes each fresh output just before its
+    first step and drops each temporary after its last use, as Inductor's code does, so malloc hands
+    the memory to the next torch result while its pages are warm and the call's peak stays low."""
+    first, last = {}, {}
     for k, step in enumerate(steps):
         for x in _touched(step):
+            first.setdefault(x, k)
             last[x] = k
     keep = {o for o in p.outputs if o is not None}
-    out: dict = {}
-    for x, k in last.items():
+    drop: dict = {}
+    for x, k in sorted(last.items()):
         if x >= p.n_inputs and x not in keep and fixed(x) is None:
-            out.setdefault(k, []).append(x)
-    return {k: sorted(xs) for k, xs in out.items()}
+            drop.setdefault(k, []).append(x)
+    return first, drop
 
 
 class Program:
@@ -319,14 +321,12 @@ class Executor:
                     groups.append(("views", step.emit(k, v, ns)))
             body = plan(dynamic, fixed).emit([v(s) for s in dynamic], ns)
             groups += [("pointer binding", body[:-1]), ("kernels", body[-1:])]
-        last = _last_uses(self.steps, p, fixed)
+        first_use, last = _lifetimes(self.steps, p, fixed)
         first: dict = {}
         if plan is None and self.steps:  # each output made just before the step that writes it, not held across
             groups.remove(allocation)  # the torch calls before it (oneDNN scratch, a matmul result)
-            touches = [_touched(step) for step in self.steps]
             for slot, _ in self.fresh:
-                k = next((k for k, t in enumerate(touches) if slot in t), 0)
-                first.setdefault(k, []).append(f"s{slot} = M{slot}()")
+                first.setdefault(first_use.get(slot, 0), []).append(f"s{slot} = M{slot}()")
         for k, (step, timer) in enumerate(zip(self.steps, p.timers)):
             if plan is not None:
                 break

@@ -301,9 +301,9 @@ def _lone_kernels(graph: Graph, n_fwd: int, saved, in_backward, kernel_ops, reco
 
 
 def _last(lone: set, recomputed: set) -> set:
-    """The lone values that feed no other lone value through recomputed values. An earlier one may be lone only because a
-    later lone one shares it (an embedding lookup under a norm whose output got a kernel): once
-    the later one is saved it may fuse, so it is judged again in the next round."""
+    """The lone values that feed no other lone value through recomputed values. An earlier one may
+    be lone only because a later lone one shares it (an embedding lookup under a norm whose output
+    got a kernel): once the later one is saved it may fuse, so it is judged again next round."""
     fed = set()
     for n in lone:
         stack = [a for a in n.args if a in recomputed]
