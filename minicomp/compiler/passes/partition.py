@@ -10,6 +10,10 @@ Why a minimum cut: put every value on a flow graph, the source behind the forwar
 sink behind what the backward computes, each value an edge whose capacity is the bytes that saving
 it costs. A set of values whose edges separate source from sink is a valid saved set (the backward
 recomputes everything past it), and the minimum cut (networkx) is the one that saves fewest bytes.
+The flow runs Boykov-Kolmogorov: on these graphs (a long chain of layers, few paths per value) it is
+2-3x faster than networkx's default preflow-push, which also had 10x outliers (0.35 s on one of an
+HF GPT-2 compile's three cuts); the cut it gives is the same (the source side of the residual graph
+of a maximum flow does not depend on which algorithm found the flow).
 Graph inputs cost nothing to save (they are alive anyway); ties go to the later value (less to
 recompute) and to values that are not views (a view's base is what is in memory).
 
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional
 
 import networkx as nx
+from networkx.algorithms.flow import boykov_kolmogorov
 
 from ...errors import MinicompError
 from ...ir import OPS, Graph, Node, TensorType, sym
@@ -203,7 +208,7 @@ def min_cut(graph: Graph, n_fwd: int, banned: dict, saveable, must_recompute) ->
         for u in users.get(n, ()):
             g.add_edge((i, "out"), (pos[u], "in"))
     try:
-        _, (reach, _) = nx.minimum_cut(g, "source", "sink")
+        _, (reach, _) = nx.minimum_cut(g, "source", "sink", flow_func=boykov_kolmogorov)
     except nx.NetworkXUnbounded:
         stuck = _infinite_path(g, everything)
         raise MinicompError("minicomp: partition: a value the backward needs can neither be saved nor recomputed: "
