@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..backends.layout import CONTIGUOUS_TORCH_OPS, ORDERED_OPERANDS, meta_of
+from ..backends.layout import CONTIGUOUS_TORCH_OPS, ORDERED_OPERANDS, meta_of, real_meta
 from ..ir import OPS, Graph, Node, sym_values
 from .kernelize import KernelBuilder, NotFusable, prefix_reshape
 
@@ -212,10 +212,11 @@ def _view_copies(chain: list, base: Node, kernel_ops) -> bool:
         return False
     if base.op not in ("input", "constant", *CONTIGUOUS_TORCH_OPS) and runs_in_torch(base, kernel_ops):
         return False
-    root = t = meta_of(base)
-    for v in reversed(chain):  # over symbolic sizes, at the hints
-        t = OPS[v.op].ref([t], sym_values.hinted(v.attrs), "meta")
-    return not (t._is_view() and t._base is root)
+    with real_meta():
+        root = t = meta_of(base)
+        for v in reversed(chain):  # over symbolic sizes, at the hints
+            t = OPS[v.op].ref([t], sym_values.hinted(v.attrs), "meta")
+        return not (t._is_view() and t._base is root)
 
 
 def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
