@@ -42,24 +42,27 @@ def _known_ge0(x) -> bool:
 
 
 class Var:
-    __slots__ = ("name", "size")
+    __slots__ = ("name", "size", "_key", "_order")
 
     def __init__(self, name: str, size: int):
         self.name, self.size = name, size
+        self._key = ("v", name)
+        self._order = repr(self._key)  # where its term sorts in an Expr
 
     def __repr__(self):
         return self.name
 
     def key(self):
-        return ("v", self.name)
+        return self._key
 
 
 class _Op:
     """floordiv / mod of an Expr by a positive constant; `data` is a loaded index value (gather)."""
-    __slots__ = ("kind", "expr", "c")
+    __slots__ = ("kind", "expr", "c", "_key", "_order")
 
     def __init__(self, kind: str, expr, c):
         self.kind, self.expr, self.c = kind, expr, c
+        self._key = self._order = None
 
     def __repr__(self):
         if self.kind == "data":
@@ -67,11 +70,18 @@ class _Op:
         return f"(({self.expr}) {'//' if self.kind == 'div' else '%'} {_fmt(self.c)})"
 
     def key(self):
-        return (self.kind, self.expr.key() if self.expr is not None else None, _ck(self.c) if self.kind != "data" else id(self.c))
+        if self._key is None:
+            self._key = (self.kind, self.expr.key() if self.expr is not None else None,
+                         _ck(self.c) if self.kind != "data" else id(self.c))
+            self._order = repr(self._key)
+        return self._key
 
 
 class Expr:
-    __slots__ = ("const", "terms")  # terms: tuple of (atom, coeff) sorted by atom key, no zero coeffs
+    # terms: tuple of (atom, coeff) sorted by the repr of the atom's key, no zero coeffs. An Expr
+    # never changes once built, so its key is computed once (scheduling a model builds tens of
+    # thousands of them; the keys and the sort were a third of a cold compile's fusion time).
+    __slots__ = ("const", "terms", "_key")
 
     def __init__(self, const: int = 0, terms=()):
         merged: dict = {}
@@ -93,7 +103,12 @@ class Expr:
                         atoms[k2] = a2
                     const = const + atom.expr.const * coef
         self.const = const
-        self.terms = tuple((atoms[k], merged[k]) for k in sorted(merged, key=repr) if not _is0(merged[k]))
+        self._key = None
+        if len(merged) > 1:
+            order = sorted(merged, key=lambda k: atoms[k]._order)
+        else:
+            order = merged
+        self.terms = tuple((atoms[k], merged[k]) for k in order if not _is0(merged[k]))
 
     @staticmethod
     def of(x: Union[int, Var, "_Op", "Expr"]) -> "Expr":
@@ -104,7 +119,9 @@ class Expr:
         return Expr(0, ((x, 1),))
 
     def key(self):
-        return (_ck(self.const), tuple((a.key(), _ck(c)) for a, c in self.terms))
+        if self._key is None:
+            self._key = (_ck(self.const), tuple((a.key(), _ck(c)) for a, c in self.terms))
+        return self._key
 
     def __eq__(self, other):
         return isinstance(other, (Expr, int, sym.Sym)) and self.key() == Expr.of(other).key()
