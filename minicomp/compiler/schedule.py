@@ -219,23 +219,56 @@ def _view_copies(chain: list, base: Node, kernel_ops) -> bool:
         return not (t._is_view() and t._base is root)
 
 
+TRANSPOSED_OPERANDS = ("mm", "bmm")  # torch ops that read an operand transposed in its last two dims as it is
+
+
+def _swaps_last_two(node: Node) -> bool:
+    dims = node.attrs["dims"] if node.op == "permute" else ()
+    n = len(dims)
+    return n >= 2 and tuple(dims) == tuple(range(n - 2)) + (n - 1, n - 2)
+
+
+def _write_untransposed(chain: list, base: Node, kernel_ops) -> bool:
+    """Whether a matmul operand `chain[0]` -- a transpose of its last two dims over a reshape that
+    torch would copy (attention's k^T: heads split, permuted, batched) -- is better written in the
+    reshape's own order and read by the matmul as a transposed view (BLAS takes it so, no copy).
+    That is the case when the reshape keeps its input's last two dims and the innermost of them
+    has the smaller stride in memory: the kernel then reads along it (a plain copy, vectorized)
+    instead of gathering across rows for every element."""
+    if len(chain) < 3 or not _swaps_last_two(chain[0]) or chain[1].op != "reshape":
+        return False
+    reshape, below = chain[1], chain[2:]
+    if list(reshape.type.shape[-2:]) != list(reshape.args[0].type.shape[-2:]) or _view_copies(below, base, kernel_ops):
+        return False
+    with real_meta():
+        t = meta_of(base)
+        for v in reversed(below):
+            t = OPS[v.op].ref([t], sym_values.hinted(v.attrs), "meta")
+        return t.dim() >= 2 and abs(t.stride(-1)) < abs(t.stride(-2))
+
+
 def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
     """Values that must live in memory whatever the fusion: graph outputs and the operands of ops
     that run in torch. A torch op's operand that is a view of a value runs as a torch view of that
     value's buffer (no copy kernel) -- unless torch would copy to make that view (a reshape of a
     transposed tensor, as attention's heads are): then a kernel writes the operand itself, reading
     through the views as index math, and can fuse with what computes the value (Inductor's
-    clone kernels). A graph output is written to its own buffer."""
+    clone kernels); a matmul's transposed operand may be written untransposed instead
+    (_write_untransposed). A graph output is written to its own buffer."""
     M, why, views = set(), {}, set()
 
-    def need(node: Node, reason: str, allow_view: bool):
+    def need(node: Node, reason: str, allow_view: bool, transposable: bool = False):
         chain, base = [], node
         while allow_view and base.op in VIEW_OPS:
             chain.append(base)
             base = base.args[0]
         if chain and _view_copies(chain, base, kernel_ops):
-            chain, base = [], node
-            reason += " (a torch view would copy)"
+            if transposable and _write_untransposed(chain, base, kernel_ops):
+                chain, base = chain[:1], chain[1]
+                reason += " (a torch view would copy; written untransposed, read transposed)"
+            else:
+                chain, base = [], node
+                reason += " (a torch view would copy)"
         if chain:
             views.update(chain)
         if base.op in ("input", "constant") or runs_in_torch(base, kernel_ops) or base in M:
@@ -249,7 +282,8 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
         if runs_in_torch(n, kernel_ops):
             ordered = ORDERED_OPERANDS.get(n.op, 0)
             for i, a in enumerate(n.args):
-                need(a, f"operand of {n.op} (runs in torch)", allow_view=i >= ordered)
+                need(a, f"operand of {n.op} (runs in torch)", allow_view=i >= ordered,
+                     transposable=n.op in TRANSPOSED_OPERANDS)
     return M, why, views
 
 

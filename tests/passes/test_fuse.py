@@ -8,6 +8,7 @@ import minicomp
 from minicomp.compiler.capture import make_context
 from minicomp.compiler.pipeline import run_passes
 from minicomp.ir import interpret, parse
+from minicomp.ir.kernel import walk
 from minicomp.options import Options
 from tests.passes.check import random_inputs
 
@@ -254,6 +255,47 @@ def test_an_operand_torch_would_copy_to_view_is_written_by_a_kernel():
     assert why == {"reshape": "operand of bmm (runs in torch) (a torch view would copy)",
                    "add": "operand of bmm (runs in torch)"}
     assert [n.op for n in fused.nodes].count("reshape") == 1
+
+
+# attention's backward: bmm(q^T, g) and bmm(g, k) with q and k heads of one projection [B*T, 2*H*hs]
+HEADS_TRANSPOSED = """graph heads_t(%qk: f32[16,64], %g1: f32[4,8,8], %g2: f32[4,8,8]) -> (f32[4,16,8], f32[4,8,16]) {
+  %0: f32[2,8,64] = reshape %qk [shape=(2, 8, 64)]
+  %1: f32[2,8,32] = slice %0 [dim=2, start=0, end=32, step=1]
+  %2: f32[2,8,2,16] = reshape %1 [shape=(2, 8, 2, 16)]
+  %3: f32[2,2,8,16] = permute %2 [dims=(0, 2, 1, 3)]
+  %4: f32[4,8,16] = reshape %3 [shape=(4, 8, 16)]
+  %5: f32[4,16,8] = permute %4 [dims=(0, 2, 1)]
+  %6: f32[4,16,8] = bmm %5 %g1
+  %7: f32[2,8,32] = slice %0 [dim=2, start=32, end=64, step=1]
+  %8: f32[2,8,2,16] = reshape %7 [shape=(2, 8, 2, 16)]
+  %9: f32[2,2,16,8] = permute %8 [dims=(0, 2, 3, 1)]
+  %10: f32[4,16,8] = reshape %9 [shape=(4, 16, 8)]
+  %11: f32[4,8,16] = permute %10 [dims=(0, 2, 1)]
+  %12: f32[4,8,16] = bmm %g2 %11
+  return %6, %12
+}
+"""
+
+
+def test_a_transposed_matmul_operand_is_written_in_the_order_it_is_read():
+    """q^T = permute(reshape(heads of q)) would be a transposed write (each element a gather across
+    rows); the kernel writes the reshape instead, reading q along its rows, and bmm reads a
+    transposed view of it. k's operand, whose transposed form reads along the rows, stays as it is."""
+    fused, ctx = compile_text(HEADS_TRANSPOSED)
+    agree(HEADS_TRANSPOSED, fused)
+    first, second = [n for n in fused.nodes if n.op == "bmm"]
+    q_t, k_op = first.args[0], second.args[1]
+    assert q_t.op == "permute" and q_t.attrs["dims"] == (0, 2, 1) and q_t.args[0].op == "getitem"
+    assert k_op.op == "getitem" and k_op.args[0].op == "kernel"  # written as the operand it is
+    for kn in kernels(fused):  # every load and store runs along the innermost loop
+        k = kn.meta["kernel"]
+        inner = (k.outer + k.inner)[-1].name
+        stores = k.outer_stores + k.inner_stores
+        loads = [x.attrs["index"] for x in walk([st.value for st in stores]) if x.op == "load"]
+        for index in [st.index for st in stores] + loads:
+            assert {getattr(a, "name", None): c for a, c in index.terms}.get(inner) == 1, index
+    why = {n.op: r for n, r in ctx.fusion.schedule.why_materialized.items()}
+    assert "written untransposed, read transposed" in why["reshape"]
 
 
 BIAS_GRAD = """graph bias_grad(%g: f32[64,32], %w: f32[32,16], %y: f32[64,32]) -> (f32[64,16], f32[1,32], f32[1,32]) {
