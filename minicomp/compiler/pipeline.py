@@ -3,7 +3,8 @@ and dumps. What is listed here is exactly what runs.
 
 `interpret` runs the tensor-level graph op by op, so it gets the tensor passes only; a backend with
 kernels (cpu, cuda, cuda_emu) also puts CPU inference convolutions in channels-last (their input
-is a buffer its kernels write in that order), splits large reductions, fuses (rematerialization included: one
+is a buffer its kernels write in that order), splits large reductions, moves a matmul operand's
+transpose outside the reshape a kernel writes (orient_operands), fuses (rematerialization included: one
 stage, whose result is the fused graph) and plans the arena.
 """
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import time
 
 from ..ir import Graph, round_trip, sym, verify
-from .passes import channels_last, cse, dce, fold_constants, fuse, plan_memory, simplify_views, split_reductions
+from .passes import (channels_last, cse, dce, fold_constants, fuse, orient_operands, plan_memory, simplify_views,
+                     split_reductions)
 
 TENSOR_PASSES = [
     ("simplify_views", simplify_views.run),
@@ -22,6 +24,7 @@ TENSOR_PASSES = [
 KERNEL_PASSES = TENSOR_PASSES + [
     ("channels_last", channels_last.run),
     ("split_reductions", split_reductions.run),
+    ("orient_operands", orient_operands.run),
     ("fuse", fuse.run),
     ("plan_memory", plan_memory.run),
 ]
