@@ -81,8 +81,10 @@ def _arith(fop, iop):
 
 
 def _div(o, a, adt, at):
-    # arcp: x / s with s fixed for a row (softmax, norms) becomes x * (1/s), the reciprocal hoisted
-    return o.b.fdiv(a[0], a[1], flags=("arcp",))
+    # a true division, no `arcp`: with it LLVM turned g / sqrt(x) into g * rsqrt(x) and a Newton
+    # step (NaN at x = 0 and x = inf: sqrt's gradient at 0), and hoisted 1/s out of a row, which
+    # overflows for a denormal s; the kernels it sped up (softmax, norms) are memory-bound: same time
+    return o.b.fdiv(a[0], a[1])
 
 
 def _div_trunc(o, a, adt, at):

@@ -313,3 +313,21 @@ def test_a_clone_of_an_input_or_buffer_is_a_new_tensor(be):
     torch.testing.assert_close(a, x + 1)
     torch.testing.assert_close(m.b, torch.arange(4.0))
     assert c.data_ptr() == x.data_ptr() or torch.equal(c, x)  # contiguous() of a contiguous tensor may alias
+
+
+def test_division_by_zero_infinite_and_denormal_divisors(backend):
+    """g / sqrt(x) at x = 0 and inf (sqrt's own gradient at 0 is such a division), and a division by
+    a denormal row sum: a multiply by a reciprocal would give NaN, NaN and inf here."""
+    def f(g, x, y):
+        return g / x.sqrt(), g * 0.5 / x.sqrt(), y / y.sum(-1, keepdim=True), x.sqrt()
+    g = torch.ones(4)
+    x = torch.tensor([0.0, float("inf"), 4.0, 1e-30])
+    y = torch.full((2, 8), 1e-40)
+    assert_matches_eager(f, g, x.requires_grad_(), y, backend=backend)
+
+
+def test_division_edge_cases_on_cuda_emu():
+    def f(g, x, y):
+        return g / x.sqrt(), y / y.sum(-1, keepdim=True)
+    assert_matches_eager(f, torch.ones(4), torch.tensor([0.0, float("inf"), 4.0, 1e-30]),
+                         torch.full((2, 8), 1e-40), backend="cuda_emu")
