@@ -108,31 +108,48 @@ def _all_tensors(args) -> bool:
 
 
 def _signature(model, args, kwargs) -> tuple:
+    """A call's key: (kind, grad mode, module training flag, one entry per input). A tensor's entry is
+    (shape, stride, dtype, device, requires_grad); kind "tensors" when every input is a positional
+    tensor, else ("tree", its pytree structure) with the inputs flattened (kwargs, lists, scalars:
+    a scalar's entry is its type and value, another object's its type)."""
     training = model.training if isinstance(model, torch.nn.Module) else None
     if not kwargs and _all_tensors(args):  # the common case, without pytree (this runs on every call)
         return ("tensors", torch.is_grad_enabled(), training,
                 *[(x.shape, x.stride(), x.dtype, x.device, x.requires_grad) for x in args])
     leaves, spec = pytree.tree_flatten((args, kwargs))
-    key = [torch.is_grad_enabled(), str(spec)]
-    if isinstance(model, torch.nn.Module):
-        key.append(model.training)  # dropout and batch norm trace differently
+    key = [("tree", str(spec)), torch.is_grad_enabled(), training]
     for x in leaves:
         if isinstance(x, torch.Tensor):
-            key.append((tuple(x.shape), x.dtype, x.device, x.requires_grad, x.stride()))
+            key.append((x.shape, x.stride(), x.dtype, x.device, x.requires_grad))
         elif isinstance(x, _SCALARS):
-            key.append((type(x), x))
+            key.append(("value", type(x), x))
         else:
-            key.append(type(x))
+            key.append(("type", type(x)))
     return tuple(key)
 
 
+def _inputs(args, kwargs) -> list:
+    """The call's inputs in signature order (what the dimensions of a program's `dims` index)."""
+    if not kwargs and _all_tensors(args):
+        return list(args)
+    return pytree.tree_leaves((args, kwargs))
+
+
+def _is_tensor_entry(entry) -> bool:
+    return isinstance(entry[0], tuple)  # a shape; other entries start with "value" or "type"
+
+
 def _changed_dims(a: tuple, b: tuple):
-    """The (argument, dimension) pairs where two tensors-only signatures differ in size, when they
-    differ in nothing else (dtypes, devices, ranks, grad mode, contiguity); else None."""
-    if a[0] != "tensors" or b[0] != "tensors" or len(a) != len(b) or a[:3] != b[:3]:
+    """The (input, dimension) pairs where two signatures differ in size, when they differ in nothing
+    else (structure, scalars, dtypes, devices, ranks, grad mode, contiguity); else None."""
+    if a[0] == "dynamic" or b[0] == "dynamic" or len(a) != len(b) or a[:3] != b[:3]:
         return None
     dims = set()
     for i, (x, y) in enumerate(zip(a[3:], b[3:])):
+        if not (_is_tensor_entry(x) and _is_tensor_entry(y)):
+            if x != y:
+                return None
+            continue
         if x[2:] != y[2:] or len(x[0]) != len(y[0]):
             return None
         dims.update((i, d) for d, (p, q) in enumerate(zip(x[0], y[0])) if p != q)
@@ -152,13 +169,13 @@ def _contiguous(entry) -> bool:
 
 
 def _wild(key: tuple, dims: frozenset) -> tuple:
-    """A tensors-only signature with the sizes of `dims` (and those tensors' strides) left out."""
+    """A signature with the sizes of `dims` (and those tensors' strides) left out."""
     out = list(key[:3])
-    for i, (shape, stride, *rest) in enumerate(key[3:]):
-        if any(a == i for a, _ in dims):
-            shape = tuple(None if (i, d) in dims else s for d, s in enumerate(shape))
-            stride = _contiguous((key[3 + i][0], stride))
-        out.append((tuple(shape), stride, *rest))
+    for i, entry in enumerate(key[3:]):
+        if _is_tensor_entry(entry) and any(a == i for a, _ in dims):
+            shape, stride, *rest = entry
+            entry = (tuple(None if (i, d) in dims else s for d, s in enumerate(shape)), _contiguous(entry), *rest)
+        out.append(entry)
     return ("dynamic", frozenset(dims), *out)
 
 
@@ -166,7 +183,9 @@ def _why(key, dims, args, kwargs, dynamic) -> str:
     """A program's line in the report: what it was compiled for, and why it was needed."""
     if not dims:
         return f"static, for the call {_describe(args, kwargs)}" + (" (dynamic=False)" if dynamic is False else "")
-    where = ", ".join(f"argument {i} dim {d}" for i, d in sorted(dims))
+    where = ", ".join(f"{'argument' if key[0] == 'tensors' else 'input'} {i} dim {d}" for i, d in sorted(dims))
+    if key[0] != "tensors":
+        where += " (inputs: the args, then the kwargs, flattened)"
     why = "dynamic=True" if dynamic is True else "its sizes differed from a compiled signature's only there"
     return f"symbolic in {where} ({why}; first call {_describe(args, kwargs)})"
 
@@ -231,7 +250,7 @@ class CompiledModule:
                     if len(self._programs) >= self.options.max_programs:
                         self._note_limit(args, kwargs)
                         return self.model(*args, **kwargs)
-                    return self._compile_and_run(key, args, kwargs, self._dims_for(key, args))
+                    return self._compile_and_run(key, args, kwargs, self._dims_for(key, _inputs(args, kwargs)))
         program, fast = entry
         if fast is not None:
             self._fast = fast
@@ -244,16 +263,16 @@ class CompiledModule:
                 return entry
         return None
 
-    def _dims_for(self, key, args):
+    def _dims_for(self, key, inputs):
         """The dimensions a new signature's program takes symbolic: with dynamic="auto", those where it
         differs in size from a signature compiled before (every one with dynamic=True)."""
         dynamic = self.options.dynamic
-        if dynamic is False or key[0] != "tensors":
+        if dynamic is False:
             return frozenset()
         if dynamic is True:
-            return frozenset((i, d) for i, x in enumerate(args) for d in range(x.dim()))
+            return frozenset((i, d) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) for d in range(x.dim()))
         for other in self._programs:
-            dims = _changed_dims(other, key) if other[0] == "tensors" else None
+            dims = _changed_dims(other, key)
             if dims:
                 return dims
         return frozenset()
@@ -280,8 +299,9 @@ class CompiledModule:
         entry = _trampoline(self.model)
         program = torch.compile(entry, backend=backend, **_ISOLATE)
         before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs) + len(self._report.eager)
+        inputs = _inputs(args, kwargs)
         for i, d in dims:  # these sizes vary: symbolic in this program (Dynamo may still specialize one)
-            torch._dynamo.maybe_mark_dynamic(args[i], d)
+            torch._dynamo.maybe_mark_dynamic(inputs[i], d)
         try:
             with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True), \
                     torch.fx.experimental._config.patch(backed_size_oblivious=bool(dims)):

@@ -80,6 +80,32 @@ def test_dynamic_true_is_symbolic_from_the_first_call():
     assert len(graphs) == 1 and graphs[0].detail["symbolic"]
 
 
+@pytest.mark.parametrize("dynamic", ["auto", True])
+def test_keyword_and_scalar_arguments_get_a_symbolic_program_too(dynamic):
+    """HF models are called with input_ids=..., attention_mask=...: keyword tensors (and scalars
+    beside them) vary in size like positional ones, and get one symbolic program."""
+    def f(x, y, scale=1.0):
+        return (x * y).sum(-1) * scale
+    c = minicomp.compile(f, backend="cpu", dynamic=dynamic)
+    for n in range(2, 12):
+        x, y = torch.randn(n, 4), torch.randn(n, 4)
+        torch.testing.assert_close(c(x=x, y=y, scale=0.5), f(x, y, 0.5))
+        torch.testing.assert_close(c(x, y, 2.0), f(x, y, 2.0))
+    assert len(c.report().programs) == (4 if dynamic == "auto" else 2), c.report().programs
+    assert not c.report().eager  # max_programs never reached
+    assert all("symbolic in input 0 dim 0" in p for p in c.report().programs if "symbolic" in p)
+
+
+def test_a_call_with_other_arguments_after_a_symbolic_program_compiles_its_own():
+    c = minicomp.compile(lambda x, scale=1.0: x * scale, backend="cpu")
+    c(torch.randn(2))
+    c(torch.randn(3))  # a symbolic program for the tensors-only calls
+    x = torch.randn(4)
+    torch.testing.assert_close(c(x), x)
+    torch.testing.assert_close(c(x, scale=2.0), x * 2.0)  # was a TypeError in the symbolic lookup
+    torch.testing.assert_close(c(x, 3.0), x * 3.0)
+
+
 def test_gradients_through_a_dynamic_program():
     torch.manual_seed(0)
     m = Block(32, 4, 64)
