@@ -41,6 +41,16 @@ def prefix_reshape(a, b) -> bool:
     return t > 0 and math.prod(a[:len(a) - t]) == math.prod(b[:len(b) - t])
 
 
+# Kernel expressions, their code generators and printers recurse along a chain of inlined ops; a
+# model unrolling 500 sin()s hit Python's recursion limit in all of them. So a kernel inlines at most
+# MAX_INLINE_DEPTH graph nodes along one chain (past that the value is stored and the rest of the
+# chain reads it), and builds no expression deeper than MAX_EXPR_DEPTH (a value stored by this
+# kernel that a newcomer would extend past it makes the newcomer start a kernel of its own, which
+# loads the value instead).
+MAX_INLINE_DEPTH = 96
+MAX_EXPR_DEPTH = 192
+
+
 class NotFusable(Exception):
     def __init__(self, node: Node, reason: str, materialize: bool = False):
         super().__init__(reason)
@@ -72,6 +82,8 @@ class KernelBuilder:
         self.full_idx = _idx(vs)
         self.memo: dict = {}
         self.values: dict = {}
+        self.depth = 0  # nodes being inlined, one inside the other (value -> _value -> value ...)
+        self.expr_depth: dict = {}  # id(KExpr) -> the longest chain of expressions under it
         self.buffers: list[Buffer] = []
         self.buf_pos: dict = {}
         self.reductions: dict[Node, Reduction] = {}
@@ -115,7 +127,10 @@ class KernelBuilder:
     def mk(self, op, args=(), dtype=None, /, **attrs) -> KExpr:
         # positional-only: a cast's own `dtype` attribute lands in attrs, not in the result dtype
         e = KExpr(op, args, attrs, dtype)
-        return self.memo.setdefault(e.key(), e)
+        e = self.memo.setdefault(e.key(), e)
+        if id(e) not in self.expr_depth:
+            self.expr_depth[id(e)] = 1 + max((self.expr_depth.get(id(a), 1) for a in args), default=0)
+        return e
 
     def buffer(self, node: Node) -> int:
         if node not in self.buf_pos:
@@ -132,8 +147,18 @@ class KernelBuilder:
     def value(self, node: Node, idx: list) -> KExpr:
         key = (id(node), tuple(e.key() for e in idx), id(self.guard))
         hit = self.values.get(key)
+        if hit is not None and node in self.own and self.depth + self.expr_depth.get(id(hit), 1) > MAX_EXPR_DEPTH:
+            raise NotFusable(node, f"it would extend {node.op}'s expression in this kernel past {MAX_EXPR_DEPTH} "
+                                   "levels: read from memory in a kernel of its own")
         if hit is None:
-            hit = self.values[key] = self._value(node, [Expr.of(e) for e in idx])
+            if self.depth >= MAX_INLINE_DEPTH and OPS[node.op].category == "pointwise" and node not in self.own \
+                    and not self.has_buffer(node):
+                raise NotFusable(node, f"a chain of more than {MAX_INLINE_DEPTH} inlined ops", materialize=True)
+            self.depth += 1
+            try:
+                hit = self.values[key] = self._value(node, [Expr.of(e) for e in idx])
+            finally:
+                self.depth -= 1
         return hit
 
     def _value(self, node: Node, idx: list) -> KExpr:

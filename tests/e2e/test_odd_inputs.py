@@ -331,3 +331,22 @@ def test_division_edge_cases_on_cuda_emu():
         return g / x.sqrt(), y / y.sum(-1, keepdim=True)
     assert_matches_eager(f, torch.ones(4), torch.tensor([0.0, float("inf"), 4.0, 1e-30]),
                          torch.full((2, 8), 1e-40), backend="cuda_emu")
+
+
+@pytest.mark.parametrize("backend_name", ["cpu", "cuda_emu"])
+def test_a_chain_of_hundreds_of_ops_splits_into_kernels(backend_name):
+    """An unrolled loop of 500 pointwise ops (and one of composites: gelu's erf) compiles: a kernel
+    inlines a bounded chain and stores where it stops (before, Python's recursion limit was hit)."""
+    def chain(x):
+        for _ in range(500):
+            x = x.sin()
+        return x
+
+    def gelus(x):
+        for _ in range(300):
+            x = F.gelu(x) * 0.9 + 0.1
+        return x
+    for f in (chain, gelus):
+        c = assert_matches_eager(f, torch.randn(4, 8), backend=backend_name)
+        (g,) = c.report().graphs
+        assert 2 <= g.detail["kernels"] <= 40
