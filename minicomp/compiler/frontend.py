@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
+import re
 
 import torch
 import torch.fx as fx
@@ -26,18 +28,39 @@ from .lowering import LOWERINGS, Builder, Unsupported
 log = logging.getLogger("minicomp")
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def source_line(fx_node: fx.Node) -> str:
-    """The user's line that produced this op, from Dynamo's stack trace: 'file.py:12 in forward: y = f(x)'."""
+    """The user's line that produced this op, from Dynamo's stack trace: 'file.py:12 in forward: y = f(x)'.
+    minicomp's own frames (the entry that calls the model) are not the user's; where nothing else
+    is left (an op inside a torch.nn module compiled directly: Dynamo keeps no frames of torch's
+    own code), the module it came from, from Dynamo's module stack."""
     trace = fx_node.meta.get("stack_trace") or ""
     lines = [ln.strip() for ln in trace.strip().splitlines()]
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("File "):
             parts = lines[i].split(",")
-            file = parts[0][len("File "):].strip('"').rsplit("/", 1)[-1]
+            path = parts[0][len("File "):].strip('"')
+            if os.path.abspath(path).startswith(_PACKAGE_DIR + os.sep):
+                continue
+            file = path.rsplit("/", 1)[-1]
             where = ",".join(parts[1:]).replace(" line ", "").strip()
             code = lines[i + 1] if i + 1 < len(lines) else ""
             return f"{file}:{where}: {code}".strip()
+    stack = fx_node.meta.get("nn_module_stack") or {}
+    if stack:
+        path, cls = list(stack.values())[-1]
+        name = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else str(cls)
+        where = _module_path(path)
+        return f"{name} ({f'submodule {where}' if where else 'the compiled module itself'})"
     return "(source line unknown)"
+
+
+def _module_path(path: str) -> str:
+    """Dynamo's module path (`L['target']._modules['1']._modules['0']`) as the user writes it (`1.0`)."""
+    path = re.sub(r"^L\['[^']*'\]\.?", "", path)
+    return re.sub(r"_modules\['([^']*)'\]", r"\1", path)
 
 
 # data checks that return nothing (one_hot's "class values must be non-negative"); like any op whose

@@ -230,6 +230,19 @@ def test_out_of_range_indices_raise_like_eager(backend):
         torch.testing.assert_close(c(x, good), f(x, good))
 
 
+def test_an_error_inside_a_torch_module_names_the_module_not_minicomp():
+    """A torch.nn module compiled directly leaves Dynamo no frame of the user's: the error names the
+    module (and the submodule path), never minicomp's own entry code."""
+    import minicomp
+    for model, where in ((torch.nn.Embedding(5, 2), "torch.nn.modules.sparse.Embedding (the compiled module itself)"),
+                         (torch.nn.Sequential(torch.nn.Identity(), torch.nn.Sequential(torch.nn.Embedding(5, 2))),
+                          "torch.nn.modules.sparse.Embedding (submodule 1.0)")):
+        with pytest.raises(IndexError) as info:
+            minicomp.compile(model, backend="cpu")(torch.tensor([7]))
+        assert f"index_select at {where}" in str(info.value)
+        assert "api.py" not in str(info.value)
+
+
 def test_a_gather_from_a_cat_of_scalars_checks_its_index(backend):
     """Found by the fuzzer (seed 100388, a segfault): each cat part is a 0-d input, so the index read
     from memory appears only in the parts' select conditions, which the kernel's check-site walk
