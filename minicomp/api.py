@@ -369,6 +369,12 @@ class CompiledModule:
     def __repr__(self) -> str:
         return f"CompiledModule({self.model!r}, backend={self.options.backend!r})"
 
+    def __reduce__(self):
+        """copy.deepcopy and pickle (an EMA copy of a model holding a compiled part, torch.save): the
+        model and the options; the copy compiles its own programs on its first call (machine code,
+        arenas and Dynamo's caches are not copied)."""
+        return CompiledModule, (self.model, self.options)
+
 
 def _release(runs: list) -> None:
     for run in runs:

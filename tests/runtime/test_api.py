@@ -296,6 +296,25 @@ def test_compiled_module_forwards_to_the_model_but_is_not_one():
         c.no_such_attribute
 
 
+def test_a_compiled_module_deep_copies_and_pickles_as_its_model_and_options():
+    """An EMA copy (copy.deepcopy) of a model holding a compiled part, before and after its first
+    call: a new CompiledModule over a copy of the model, same options, compiling its own programs."""
+    import copy
+    import pickle
+    holder = torch.nn.Module()
+    holder.c = c = minicomp.compile(mlp(), backend="cpu", remat=False)
+    x = torch.randn(2, 8)
+    for _ in range(2):  # before and after the first call
+        for twin in (copy.deepcopy(holder).c, pickle.loads(pickle.dumps(c))):
+            assert isinstance(twin, type(c)) and twin.model is not c.model and twin.options == c.options
+            assert all(torch.equal(p, q) for p, q in zip(twin.parameters(), c.parameters()))
+            with torch.no_grad():
+                torch.testing.assert_close(twin(x), c.model(x))
+            assert twin.report() is not c.report()
+        with torch.no_grad():
+            c(x)
+
+
 def test_compiling_a_plain_function_keeps_its_doc():
     def f(x):
         """Doubles."""
