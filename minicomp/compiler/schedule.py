@@ -204,7 +204,16 @@ class Scheduler:
         return Schedule(self.steps, self.M, self.refusals, self.why)
 
 
-def _view_copies(chain: list, base: Node, kernel_ops) -> bool:
+def view_layout(chain: list, base: Node):
+    """(meta tensor of contiguous `base`, meta tensor of chain[0]): the views in `chain` (last applied
+    first) run on meta tensors, over symbolic sizes at the hints; call under layout.real_meta()."""
+    root = t = meta_of(base)
+    for v in reversed(chain):
+        t = OPS[v.op].ref([t], sym_values.hinted(v.attrs), "meta")
+    return root, t
+
+
+def view_copies(chain: list, base: Node, kernel_ops) -> bool:
     """Whether torch would copy to run `chain` (views, last applied first) on `base`: a reshape of a
     permuted or sliced view. Known only where base's layout is (contiguous: an input, a constant, a
     value a kernel stores, an mm or bmm result); elsewhere torch decides."""
@@ -213,9 +222,7 @@ def _view_copies(chain: list, base: Node, kernel_ops) -> bool:
     if base.op not in ("input", "constant", *CONTIGUOUS_TORCH_OPS) and runs_in_torch(base, kernel_ops):
         return False
     with real_meta():
-        root = t = meta_of(base)
-        for v in reversed(chain):  # over symbolic sizes, at the hints
-            t = OPS[v.op].ref([t], sym_values.hinted(v.attrs), "meta")
+        root, t = view_layout(chain, base)
         return not (t._is_view() and t._base is root)
 
 
@@ -238,12 +245,10 @@ def _write_untransposed(chain: list, base: Node, kernel_ops) -> bool:
     if len(chain) < 3 or not _swaps_last_two(chain[0]) or chain[1].op != "reshape":
         return False
     reshape, below = chain[1], chain[2:]
-    if list(reshape.type.shape[-2:]) != list(reshape.args[0].type.shape[-2:]) or _view_copies(below, base, kernel_ops):
+    if list(reshape.type.shape[-2:]) != list(reshape.args[0].type.shape[-2:]) or view_copies(below, base, kernel_ops):
         return False
     with real_meta():
-        t = meta_of(base)
-        for v in reversed(below):
-            t = OPS[v.op].ref([t], sym_values.hinted(v.attrs), "meta")
+        t = view_layout(below, base)[1]
         return t.dim() >= 2 and abs(t.stride(-1)) < abs(t.stride(-2))
 
 
@@ -262,7 +267,7 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
         while allow_view and base.op in VIEW_OPS:
             chain.append(base)
             base = base.args[0]
-        if chain and _view_copies(chain, base, kernel_ops):
+        if chain and view_copies(chain, base, kernel_ops):
             if transposable and _write_untransposed(chain, base, kernel_ops):
                 chain, base = chain[:1], chain[1]
                 reason += " (a torch view would copy; written untransposed, read transposed)"

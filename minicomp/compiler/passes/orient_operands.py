@@ -15,9 +15,9 @@ where the new order reads along the dim that is contiguous in memory.
 """
 from __future__ import annotations
 
-from ...ir import OPS, Graph, Node, TensorType, sym_values
-from ..schedule import TRANSPOSED_OPERANDS, VIEW_OPS, _view_copies
-from ...backends.layout import meta_of, real_meta
+from ...backends.layout import real_meta
+from ...ir import Graph, Node, TensorType
+from ..schedule import TRANSPOSED_OPERANDS, VIEW_OPS, view_copies, view_layout
 from . import dce
 
 
@@ -37,12 +37,10 @@ def _reoriented(x: Node, kernel_ops) -> list | None:
         chain.append(base)
         base = base.args[0]
     below = chain[1:]  # p and the views under it
-    if not _view_copies(chain, base, kernel_ops) or _view_copies(below, base, kernel_ops):
+    if not view_copies(chain, base, kernel_ops) or view_copies(below, base, kernel_ops):
         return None  # torch views x as it is, or p itself is no view of a known layout
     with real_meta():
-        t = meta_of(base)
-        for v in reversed(below):
-            t = OPS[v.op].ref([t], sym_values.hinted(v.attrs), "meta")
+        t = view_layout(below, base)[1]
         if abs(t.stride(-1)) <= abs(t.stride(-2)):
             return None  # x's own order already reads along the contiguous dim
     dims = tuple(p.attrs["dims"])
