@@ -151,8 +151,8 @@ class KernelBuilder:
             raise NotFusable(node, f"it would extend {node.op}'s expression in this kernel past {MAX_EXPR_DEPTH} "
                                    "levels: read from memory in a kernel of its own")
         if hit is None:
-            if self.depth >= MAX_INLINE_DEPTH and OPS[node.op].category == "pointwise" and node not in self.own \
-                    and not self.has_buffer(node):
+            if self.depth >= MAX_INLINE_DEPTH and node.op in OPS and OPS[node.op].category == "pointwise" \
+                    and node not in self.own and not self.has_buffer(node):
                 raise NotFusable(node, f"a chain of more than {MAX_INLINE_DEPTH} inlined ops", materialize=True)
             self.depth += 1
             try:

@@ -363,3 +363,10 @@ def test_a_chain_of_hundreds_of_ops_splits_into_kernels(backend_name):
         c = assert_matches_eager(f, torch.randn(4, 8), backend=backend_name)
         (g,) = c.report().graphs
         assert 2 <= g.detail["kernels"] <= 40
+
+    def mixing(*xs):  # the chain meets inputs at every depth, past the bound too
+        y = xs[0]
+        for i in range(150):
+            y = torch.sin(y) * xs[(i + 1) % len(xs)] if i % 2 else y + xs[(i + 1) % len(xs)]
+        return y
+    assert_matches_eager(mixing, *[torch.randn(4, 8) for _ in range(26)], backend=backend_name)
