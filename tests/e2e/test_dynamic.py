@@ -312,3 +312,22 @@ def test_hf_gpt2_over_sequence_lengths_two_programs():
             torch.testing.assert_close(c(ids), f(ids), rtol=1e-4, atol=1e-5)
     graphs = _graphs(c)
     assert len(graphs) == 2 and graphs[1].detail["symbolic"] and graphs[1].detail["guards"] == []
+
+
+def test_hf_model_called_with_keyword_tensors_over_lengths_two_programs():
+    """The way HF models are called: the module itself, input_ids= and attention_mask= as keywords."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, vocab_size=100, n_positions=256)
+    m = transformers.GPT2Model(cfg).eval()
+    c = minicomp.compile(m, backend="cpu")
+    with torch.no_grad():
+        for T in (37, 5, 200, 2, 64, 18):
+            ids, mask = torch.randint(0, 100, (2, T)), torch.ones(2, T, dtype=torch.long)
+            mask[1, : T // 3] = 0  # left padding in the second row
+            want = m(input_ids=ids, attention_mask=mask).last_hidden_state
+            torch.testing.assert_close(c(input_ids=ids, attention_mask=mask).last_hidden_state, want,
+                                       rtol=1e-4, atol=1e-5)
+    assert len(c.report().programs) == 2, c.report().programs
+    assert "symbolic in input 0 dim 1, input 1 dim 1" in c.report().programs[1]
+    assert not c.report().eager
