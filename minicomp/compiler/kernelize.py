@@ -83,7 +83,6 @@ class KernelBuilder:
         self.memo: dict = {}
         self.values: dict = {}
         self.depth = 0  # nodes being inlined, one inside the other (value -> _value -> value ...)
-        self.expr_depth: dict = {}  # id(KExpr) -> the longest chain of expressions under it
         self.buffers: list[Buffer] = []
         self.buf_pos: dict = {}
         self.reductions: dict[Node, Reduction] = {}
@@ -127,10 +126,7 @@ class KernelBuilder:
     def mk(self, op, args=(), dtype=None, /, **attrs) -> KExpr:
         # positional-only: a cast's own `dtype` attribute lands in attrs, not in the result dtype
         e = KExpr(op, args, attrs, dtype)
-        e = self.memo.setdefault(e.key(), e)
-        if id(e) not in self.expr_depth:
-            self.expr_depth[id(e)] = 1 + max((self.expr_depth.get(id(a), 1) for a in args), default=0)
-        return e
+        return self.memo.setdefault(e.key(), e)
 
     def buffer(self, node: Node) -> int:
         if node not in self.buf_pos:
@@ -147,7 +143,7 @@ class KernelBuilder:
     def value(self, node: Node, idx: list) -> KExpr:
         key = (id(node), tuple(e.key() for e in idx), id(self.guard))
         hit = self.values.get(key)
-        if hit is not None and node in self.own and self.depth + self.expr_depth.get(id(hit), 1) > MAX_EXPR_DEPTH:
+        if hit is not None and node in self.own and self.depth + hit.depth > MAX_EXPR_DEPTH:
             raise NotFusable(node, f"it would extend {node.op}'s expression in this kernel past {MAX_EXPR_DEPTH} "
                                    "levels: read from memory in a kernel of its own")
         if hit is None:

@@ -229,27 +229,35 @@ def view_copies(chain: list, base: Node, kernel_ops) -> bool:
 TRANSPOSED_OPERANDS = ("mm", "bmm")  # torch ops that read an operand transposed in its last two dims as it is
 
 
-def _swaps_last_two(node: Node) -> bool:
-    dims = node.attrs["dims"] if node.op == "permute" else ()
-    n = len(dims)
-    return n >= 2 and tuple(dims) == tuple(range(n - 2)) + (n - 1, n - 2)
+def swapped_last_two(ndim: int) -> tuple:
+    """The permutation that transposes the last two of `ndim` dims."""
+    return tuple(range(ndim - 2)) + (ndim - 1, ndim - 2)
+
+
+def last_two_strides(reshape: Node, below: list, base: Node, kernel_ops) -> tuple | None:
+    """(|stride|, |stride|) of the last two dims of a reshape's input, which is `below` (views of
+    `base`, last applied first) -- when the reshape keeps those two dims and torch makes `below`
+    without a copy; else None. A kernel writing the reshape in its own order reads along the
+    contiguous dim when the first is the smaller, and gathers across rows when it is the larger."""
+    if list(reshape.type.shape[-2:]) != list(reshape.args[0].type.shape[-2:]) or reshape.type.ndim < 2 \
+            or view_copies(below, base, kernel_ops):
+        return None
+    with real_meta():
+        t = view_layout(below, base)[1]
+        return abs(t.stride(-1)), abs(t.stride(-2))
 
 
 def _write_untransposed(chain: list, base: Node, kernel_ops) -> bool:
     """Whether a matmul operand `chain[0]` -- a transpose of its last two dims over a reshape that
-    torch would copy (attention's k^T: heads split, permuted, batched) -- is better written in the
-    reshape's own order and read by the matmul as a transposed view (BLAS takes it so, no copy).
-    That is the case when the reshape keeps its input's last two dims and the innermost of them
-    has the smaller stride in memory: the kernel then reads along it (a plain copy, vectorized)
-    instead of gathering across rows for every element."""
-    if len(chain) < 3 or not _swaps_last_two(chain[0]) or chain[1].op != "reshape":
+    torch would copy (attention's q^T: heads split, permuted, batched) -- is better written in the
+    reshape's own order and read by the matmul as a transposed view (BLAS takes it so, no copy):
+    when that order reads along the contiguous dim (a plain copy, vectorized) instead of gathering
+    across rows for every element (passes/orient_operands.py makes k^T take this form)."""
+    if len(chain) < 3 or chain[0].op != "permute" or chain[1].op != "reshape" \
+            or tuple(chain[0].attrs["dims"]) != swapped_last_two(chain[0].type.ndim):
         return False
-    reshape, below = chain[1], chain[2:]
-    if list(reshape.type.shape[-2:]) != list(reshape.args[0].type.shape[-2:]) or view_copies(below, base, kernel_ops):
-        return False
-    with real_meta():
-        t = view_layout(below, base)[1]
-        return t.dim() >= 2 and abs(t.stride(-1)) < abs(t.stride(-2))
+    strides = last_two_strides(chain[1], chain[2:], base, kernel_ops)
+    return strides is not None and strides[0] < strides[1]
 
 
 def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:

@@ -104,10 +104,7 @@ class Expr:
                     const = const + atom.expr.const * coef
         self.const = const
         self._key = None
-        if len(merged) > 1:
-            order = sorted(merged, key=lambda k: atoms[k]._order)
-        else:
-            order = merged
+        order = sorted(merged, key=lambda k: atoms[k]._order) if len(merged) > 1 else merged
         self.terms = tuple((atoms[k], merged[k]) for k in order if not _is0(merged[k]))
 
     @staticmethod

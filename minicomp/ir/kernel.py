@@ -27,11 +27,12 @@ from .text import format_value
 
 
 class KExpr:
-    __slots__ = ("op", "args", "attrs", "dtype", "_key")
+    __slots__ = ("op", "args", "attrs", "dtype", "_key", "depth")
 
     def __init__(self, op: str, args: tuple, attrs: dict, dtype: str):
         self.op, self.args, self.attrs, self.dtype = op, tuple(args), attrs, dtype
         self._key = None
+        self.depth = 1 + max((a.depth for a in self.args), default=0)  # the longest chain under it
 
     def key(self):
         if self._key is None:

@@ -15,9 +15,8 @@ where the new order reads along the dim that is contiguous in memory.
 """
 from __future__ import annotations
 
-from ...backends.layout import real_meta
 from ...ir import Graph, Node, TensorType
-from ..schedule import TRANSPOSED_OPERANDS, VIEW_OPS, view_copies, view_layout
+from ..schedule import TRANSPOSED_OPERANDS, VIEW_OPS, last_two_strides, swapped_last_two, view_copies
 from . import dce
 
 
@@ -27,30 +26,24 @@ def _swap(shape) -> tuple:
 
 def _reoriented(x: Node, kernel_ops) -> list | None:
     """[new permute, new reshape, transposed view] computing x, or None where x stays as it is."""
-    if x.op != "reshape" or x.args[0].op != "permute" or x.type.ndim < 2:
+    if x.op != "reshape" or x.args[0].op != "permute":
         return None
     p = x.args[0]
-    if list(x.type.shape[-2:]) != list(p.type.shape[-2:]):  # the reshape must keep the last two dims
-        return None
     chain, base = [], x
     while base.op in VIEW_OPS:
         chain.append(base)
         base = base.args[0]
-    below = chain[1:]  # p and the views under it
-    if not view_copies(chain, base, kernel_ops) or view_copies(below, base, kernel_ops):
-        return None  # torch views x as it is, or p itself is no view of a known layout
-    with real_meta():
-        t = view_layout(below, base)[1]
-        if abs(t.stride(-1)) <= abs(t.stride(-2)):
-            return None  # x's own order already reads along the contiguous dim
+    if not view_copies(chain, base, kernel_ops):
+        return None  # torch views x as it is
+    strides = last_two_strides(x, chain[1:], base, kernel_ops)
+    if strides is None or strides[0] <= strides[1]:
+        return None  # x's own order already reads along the contiguous dim (or the question is moot)
     dims = tuple(p.attrs["dims"])
     p2 = Node("permute", (p.args[0],), {"dims": dims[:-2] + (dims[-1], dims[-2])},
               TensorType(_swap(p.type.shape), p.type.dtype), meta=dict(p.meta))
     r2 = Node("reshape", (p2,), {"shape": _swap(x.type.shape)}, TensorType(_swap(x.type.shape), x.type.dtype),
               meta=dict(x.meta))
-    m = x.type.ndim
-    t2 = Node("permute", (r2,), {"dims": tuple(range(m - 2)) + (m - 1, m - 2)}, x.type, meta=dict(x.meta))
-    return [p2, r2, t2]
+    return [p2, r2, Node("permute", (r2,), {"dims": swapped_last_two(x.type.ndim)}, x.type, meta=dict(x.meta))]
 
 
 def run(graph: Graph, ctx) -> Graph:
