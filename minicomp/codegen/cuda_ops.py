@@ -24,7 +24,7 @@ from ..ir.scalar import SCALAR, backend_ops, operand_dtype
 from ..ir.sym import Sym
 from ..ir.types import DTYPES, FLOATS, LOW_FLOATS, UNSIGNED
 
-LEFT_TO_TORCH = ("erfinv", "copy")  # no recipe yet: they run as torch ops between kernels
+LEFT_TO_TORCH = ("erfinv",)  # no recipe yet: it runs as a torch op between kernels
 WRAPS = ("i32", "i64")  # C's signed overflow is undefined; these go through unsigned arithmetic
 INLINE = ("const", "acc")  # ops whose C expression is a literal or a name: no temporary for them
 _MATH = ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan",
@@ -228,6 +228,7 @@ LOWER = {
     "abs": _abs,
     "round": lambda g, a, adt, at: f"{fn('rint', adt)}({a[0]})",  # half to even, like torch
     "sign": _sign,
+    "copy": lambda g, a, adt, at: a[0],  # the value stored anew (an output in eager's layout)
     "relu": lambda g, a, adt, at: a[0] if adt in UNSIGNED else f"({a[0]} < 0 ? ({REG[adt]})0 : {a[0]})",
     "sigmoid": _sigmoid,
     "bitwise_not": lambda g, a, adt, at: f"(!{a[0]})" if adt == "b8" else f"({REG[adt]})(~{a[0]})",

@@ -24,6 +24,7 @@ from ..ir.types import dim
 # the lower_* modules fill the lowering table when imported
 from . import lower_index, lower_nn, lower_pointwise, lower_pool, lower_reduce, lower_view  # noqa: F401
 from .lowering import LOWERINGS, Builder, Unsupported
+from .output_layout import in_eager_layout
 
 log = logging.getLogger("minicomp")
 
@@ -117,8 +118,9 @@ def _extern_value(v, refs: list):
 
 
 class Lowerer:
-    def __init__(self, gm: fx.GraphModule, name: str, strict: bool):
+    def __init__(self, gm: fx.GraphModule, name: str, strict: bool, layout_outputs=None):
         self.gm, self.strict = gm, strict
+        self.layout_outputs = layout_outputs  # outputs laid out as eager's (output_layout.py); None: all
         self.b = Builder(name)
         self.env: dict[fx.Node, object] = {}
         self.externs: list[str] = []
@@ -156,6 +158,10 @@ class Lowerer:
                 sized = (int, float, sym.Sym, sym_values.SizeFloat)
                 outputs = [None if isinstance(o, sized) else self._fresh(fx_out, self._output(o))
                            for fx_out, o in zip(node.args[0], values)]
+                for i in range(len(outputs) if self.layout_outputs is None else self.layout_outputs):
+                    if outputs[i] is not None and isinstance(node.args[0][i], fx.Node):
+                        self.b.meta = {"source": source_line(node.args[0][i]), "fx": node.args[0][i].name}
+                        outputs[i] = in_eager_layout(self.b, node.args[0][i], outputs[i])
                 sizes_out = {i: o for i, o in enumerate(values) if isinstance(o, sized) and not isinstance(o, bool)}
             else:
                 raise MinicompError(f"unexpected fx node {node.op} {node.target}")
@@ -277,10 +283,12 @@ class Lowerer:
         return n
 
 
-def lower(gm: fx.GraphModule, name: str = "forward", strict: bool = False, sizes=None) -> tuple[Graph, list[str]]:
+def lower(gm: fx.GraphModule, name: str = "forward", strict: bool = False, sizes=None,
+          layout_outputs=None) -> tuple[Graph, list[str]]:
     """Returns the IR graph and the ATen ops that became externs. `sizes`: the graph's symbols,
-    {name: (lo, hi, hint)} (a static graph has none)."""
-    lw = Lowerer(gm, name, strict)
+    {name: (lo, hi, hint)} (a static graph has none). `layout_outputs`: how many of the first
+    outputs take eager's layout (output_layout.py; None: all)."""
+    lw = Lowerer(gm, name, strict, layout_outputs)
     graph = lw.run()
     graph.sizes = dict(sizes or {})
     graph.size_inputs = size_inputs(gm, graph)

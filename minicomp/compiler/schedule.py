@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..backends.layout import CONTIGUOUS_TORCH_OPS, ORDERED_OPERANDS, meta_of, real_meta
 from ..ir import OPS, Graph, Node, sym_values
 from .kernelize import KernelBuilder, NotFusable, prefix_reshape
+from .output_layout import is_layout_view
 
 TORCH_CATEGORIES = ("matmul", "extern", "tuple")
 VIEW_OPS = ("reshape", "permute", "expand", "slice")
@@ -267,7 +268,8 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
     transposed tensor, as attention's heads are): then a kernel writes the operand itself, reading
     through the views as index math, and can fuse with what computes the value (Inductor's
     clone kernels); a matmul's transposed operand may be written untransposed instead
-    (_write_untransposed). A graph output is written to its own buffer."""
+    (_write_untransposed). A graph output is written to its own buffer; one in eager's layout
+    (compiler/output_layout.py) is a permuted view of the buffer its copy writes."""
     M, why, views = set(), {}, set()
 
     def need(node: Node, reason: str, allow_view: bool, transposable: bool = False):
@@ -290,7 +292,7 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
         why[base] = reason
     for o in graph.outputs:
         if o is not None:
-            need(o, "graph output", allow_view=False)
+            need(o, "graph output", allow_view=is_layout_view(o))
     for n in graph.nodes:
         if runs_in_torch(n, kernel_ops):
             ordered = ORDERED_OPERANDS.get(n.op, 0)

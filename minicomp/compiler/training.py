@@ -29,6 +29,7 @@ from ..options import Options
 from ..report import PartitionReport, Report
 from .debug import Dumper
 from .frontend import Lowerer
+from .output_layout import USER_OUTPUTS
 from .passes import partition
 from .passes.fusion_order import fusion_order
 from .schedule import runs_in_torch
@@ -70,7 +71,7 @@ def _must_recompute(fx_node) -> bool:
 
 def lower_joint(joint: fx.GraphModule, name: str, sizes=None):
     """(IR joint graph, {IR node: the first fx node it is the value of}, {fx name: IR node})."""
-    lw = Lowerer(joint, name, strict=False)
+    lw = Lowerer(joint, name, strict=False, layout_outputs=0)
     graph = lw.run()
     graph.sizes = dict(sizes or {})
     rep, value = {}, {}
@@ -241,6 +242,7 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, options: Options, report: R
         name, "min-cut" if options.remat else "remat=False", ours.saved_bytes, baseline.saved_bytes,
         [(names(n), partition.nbytes(n)) for n in ours.saved], recomputed, ours.level, options.remat_budget))
     dump.summary(str(report.partitions[-1]))
+    fw.meta[USER_OUTPUTS] = num_fwd_outputs  # the outputs AOTAutograd hands back (output_layout.py)
     return fw, bw
 
 

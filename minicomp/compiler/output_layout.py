@@ -1,0 +1,62 @@
+"""Outputs in eager's layout: a result eager returns in a dense order other than row-major is
+written in that order and handed out as a permuted view of it.
+
+A pointwise op on a channels-last or transposed tensor keeps its input's layout in eager, and a
+transposed result ((x * 2).t()) is a view there. Returned row-major, such an output has other
+strides than eager's (`.view()` of it works where eager's raises, and the reverse) and costs a
+kernel that gathers or scatters across rows. So the front end lowers output v, whose fx value has
+strides that are dense in the order `order` (outermost dim first), as
+
+    permute(copy(permute(v, order)), inverse(order))
+
+The copy is a buffer the kernel computing v writes along its rows (reading a channels-last input
+along its rows too); the scheduler (schedule.required_buffers) hands the outer permute out as a
+view of that buffer rather than writing it again. Outputs with strides that are not a dense
+permutation (a slice's, an expand's), symbolic strides, and values that are inputs or constants
+keep the contiguous result of before.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import Node
+
+USER_OUTPUTS = "minicomp_user_outputs"  # GraphModule.meta key: how many of a training forward's
+                                        # outputs AOTAutograd hands back (the rest are saved values)
+
+def dense_order(shape, stride):
+    """The dims from outermost to innermost when `stride` is dense (no gaps, no overlaps) in an
+    order other than row-major; None when it is row-major, not dense, empty or symbolic. Size-1
+    dims go first: their stride means nothing."""
+    if len(shape) < 2 or not all(type(s) is int for s in (*shape, *stride)) or 0 in shape:
+        return None
+    ones = [d for d in range(len(shape)) if shape[d] == 1]
+    big = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: (-stride[d], d))
+    if big == sorted(big):
+        return None  # row-major (up to size-1 dims)
+    expect = 1
+    for d in reversed(big):
+        if stride[d] != expect:
+            return None
+        expect *= shape[d]
+    return tuple(ones + big)
+
+
+def is_layout_view(node: Node) -> bool:
+    """Whether graph output `node` is the permuted view of a copy that this module made (or a user's
+    x.clone().permute(...)): handed out as a view of the copy's buffer."""
+    return node.op == "permute" and node.args[0].op == "copy"
+
+
+def in_eager_layout(b, fx_out, value):
+    """Output `value` (lowered from fx node `fx_out`) laid out as eager lays it out, through
+    Builder b."""
+    val = fx_out.meta.get("val")
+    if not isinstance(value, Node) or value.op in ("input", "constant") or is_layout_view(value) \
+            or not isinstance(val, torch.Tensor) or val.layout != torch.strided:
+        return value
+    order = dense_order(tuple(val.shape), tuple(val.stride()))
+    if order is None:
+        return value
+    inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
+    return b.emit("permute", b.emit("copy", b.emit("permute", value, dims=order)), dims=inverse)
