@@ -93,6 +93,35 @@ def torch_time_per_step(model, inputs, target, backend: str, reps: int) -> float
     return statistics.median(opt_s[2:]) + calls
 
 
+def inductor_kernel_time_per_step(model, inputs, target, reps: int) -> float | None:
+    """Seconds an Inductor training step spends in the kernels Inductor generates (the median of
+    profiled steps): a copy of the model compiled by Inductor with a record-function around each of
+    its C++ kernels (its own cpp.enable_kernel_profile), under torch.profiler. What is left of
+    Inductor's step -- torch's matmuls and optimizer, Dynamo, AOTAutograd and autograd -- is what a
+    compiler whose kernels cost nothing would still spend; None where it cannot be measured."""
+    import torch._inductor.config as inductor_config
+    from torch.profiler import ProfilerActivity, profile
+
+    import torch._functorch.config as functorch_config
+
+    model = copy.deepcopy(model)
+    torch._dynamo.reset()  # compiled afresh: Dynamo's entry for this forward, or a cached compile of
+    try:                   # the same graph, would come without the records
+        with inductor_config.patch({"cpp.enable_kernel_profile": True, "fx_graph_cache": False}), \
+                functorch_config.patch({"enable_autograd_cache": False}):
+            step = _stepper(model, torch.compile(model), inputs, target)
+            step()
+            step()
+        samples = []
+        for _ in range(max(3, reps // 3)):
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step()
+            samples.append(sum(e.cpu_time_total for e in prof.events() if "cpp_fused" in e.name) / 1e6)
+    except Exception:  # no C++ compiler, or a profiler that cannot run here
+        return None
+    return statistics.median(samples) if any(samples) else None
+
+
 def _grads_after_one_step(model, fn, inputs, target):
     loss = F.mse_loss(fn(*inputs), target)
     loss.backward()
@@ -153,6 +182,7 @@ def bench_train_case(name: str, backend: str, reps: int, quick: bool) -> dict:
     t = time_interleaved(steps, reps)
     ind = t.get("inductor")
     share = min(1.0, torch_time_per_step(case.fn, case.inputs, target, backend, reps) / t["minicomp"])
+    ind_kernels = inductor_kernel_time_per_step(case.fn, case.inputs, target, reps) if ind else None
     return {
         "case": name, "shape": case.shape,
         "eager_ms": t["eager"] * 1e3, "minicomp_ms": t["minicomp"] * 1e3, "noremat_ms": t["noremat"] * 1e3,
@@ -160,6 +190,8 @@ def bench_train_case(name: str, backend: str, reps: int, quick: bool) -> dict:
         "vs_eager": t["minicomp"] / t["eager"], "vs_inductor": t["minicomp"] / ind if ind else None,
         "vs_noremat": t["minicomp"] / t["noremat"],
         "torch_share": share, "floor": share * t["minicomp"] / ind if ind else None,
+        "ind_kernel_share": ind_kernels / ind if ind_kernels else None,
+        "bound": 1 - ind_kernels / ind if ind_kernels else None,
         "saved_kib": ours / 1024, "noremat_kib": no_remat / 1024,
         "torch_kib": torch_cut / 1024 if torch_cut is not None else None,
         "saved_share": ours / no_remat if no_remat else math.nan,
@@ -175,6 +207,7 @@ COLUMNS = [  # (header, row key, format)
     ("remat=False ms", "noremat_ms", "{:.3f}"), ("inductor ms", "inductor_ms", "{:.3f}"),
     ("mc/eager", "vs_eager", "{:.2f}"), ("mc/inductor", "vs_inductor", "{:.2f}"), ("mc/no-remat", "vs_noremat", "{:.2f}"),
     ("torch", "torch_share", "{:.0%}"), ("floor", "floor", "{:.2f}"),
+    ("ind. kernels", "ind_kernel_share", "{:.0%}"), ("bound", "bound", "{:.2f}"),
     ("saved KiB", "saved_kib", "{:,.0f}"), ("remat=False KiB", "noremat_kib", "{:,.0f}"),
     ("torch min-cut KiB", "torch_kib", "{:,.0f}"), ("saved/no-remat", "saved_share", "{:.0%}"),
     ("saved/torch", "vs_torch_cut", "{:.2f}"),
@@ -211,7 +244,9 @@ def format_train_table(rows: list) -> str:
                "min-cut partitioner on the same joint graph; torch = the share of minicomp's step in torch's code Inductor's "
                "step runs too (the optimizer step, and the matmuls, attention and convolutions of the profiled forward and "
                "backward); floor = that share x mc/inductor, the ratio left if minicomp's kernels and call paths cost nothing; "
-               "compile s = the first step")
+               "ind. kernels = the share of Inductor's step in the kernels Inductor generates (profiled); bound = 1 - that "
+               "share, the mc/inductor a compiler reaches whose kernels cost nothing and whose every other cost (torch's "
+               "matmuls and optimizer, Dynamo, AOTAutograd, autograd) is Inductor's; compile s = the first step")
     out += [f"{r['case']}: {n}" for r in rows for n in r["notes"]]
     wrong = [r["case"] for r in rows if not r["ok"]]
     if wrong:

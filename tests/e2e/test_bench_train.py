@@ -10,7 +10,7 @@ import torch
 import minicomp
 from minicomp import bench_models
 from minicomp.bench_cases import make_train_case
-from minicomp.bench_train import _grads_f64, torch_min_cut_bytes
+from minicomp.bench_train import _grads_f64, inductor_kernel_time_per_step, torch_min_cut_bytes
 
 
 def test_torch_min_cut_is_measured_and_ours_keeps_no_more():
@@ -96,3 +96,13 @@ def test_training_rows_say_how_much_of_a_step_is_torch_code():
     assert row["saved_kib"] < row["noremat_kib"]
     table = format_train_table([row])
     assert "torch" in table.splitlines()[0] and "floor" in table.splitlines()[0]
+
+
+def test_inductor_kernel_time_is_measured():
+    """The bound column's meter finds the record of each kernel Inductor generates in a profiled
+    step (Inductor compiled afresh with them, even after an Inductor compile of the same model)."""
+    case = make_train_case("mlp_gelu_train", quick=True)
+    target = torch.randn_like(case.fn(*case.inputs)).detach()
+    torch.compile(copy.deepcopy(case.fn))(*case.inputs).sum().backward()  # an earlier compile, without records
+    seconds = inductor_kernel_time_per_step(case.fn, case.inputs, target, reps=3)
+    assert seconds is not None and seconds > 0
