@@ -246,8 +246,10 @@ class KernelBuilder:
             self.guard = inside if saved is None else self.mk("logical_and", (saved, inside), "b8")
             sidx = list(idx)
             sidx[d] = idx[d] - off
-            parts.append((inside, self.value(a, sidx)))
-            self.guard = saved
+            try:  # a part that cannot fuse must not leave its guard on what the kernel builds next
+                parts.append((inside, self.value(a, sidx)))
+            finally:
+                self.guard = saved
             off += n
         out = parts[-1][1]
         for inside, v in reversed(parts[:-1]):
@@ -256,11 +258,11 @@ class KernelBuilder:
 
     # -- adding stores and reductions (nothing changes if they raise) ---------------------------------
     def mark(self):
-        return len(self.buffers), len(self.ops), len(self.values)
+        return len(self.buffers), len(self.ops), len(self.values), self.guard
 
     def reset(self, mark) -> None:
         """Forget buffers and op names a failed add introduced (memoized expressions stay valid)."""
-        nbuf, nops, nvals = mark
+        nbuf, nops, nvals, self.guard = mark
         for b in self.buffers[nbuf:]:
             del self.buf_pos[b.node]
         del self.buffers[nbuf:]

@@ -197,6 +197,26 @@ def test_cat_is_a_guarded_select_inside_one_kernel():
     agree(CAT, fused)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_a_cat_part_that_cannot_fuse_leaves_no_guard_behind(backend):
+    """A cat part that reads a reduction of another kernel fails to fuse, and the kernel is built
+    again around the stored sum: the part's guard (its columns of the cat) must not stay on the
+    loads built next. It stayed, and column 0 of t3 * 3 read as 0 (the backward of x.repeat(1, 3)
+    and a broadcast x[:, 1:].sum() too)."""
+    def f(t1, t2, t3):
+        return t3 * 3 + torch.cat([torch.zeros(4, 1), t2.sum().expand(4, 4)], 1) + t1.view(4, 3, 5).sum(1)
+    xs = (torch.randn(4, 15), torch.randn(4, 5), torch.arange(20.).view(4, 5))
+    torch.testing.assert_close(minicomp.compile(f, backend=backend)(*xs), f(*xs))
+
+    def g(x):
+        return x.repeat(1, 3), x[:, 1:].sum() * torch.ones(4, 5), x * 3
+    x = torch.randn(4, 5, requires_grad=True)
+    grads = [torch.randn(4, 15), torch.randn(4, 5), torch.randn(4, 5)]
+    want, = torch.autograd.grad(g(x), x, grads)
+    got, = torch.autograd.grad(minicomp.compile(g, backend=backend)(x), x, grads)
+    torch.testing.assert_close(got, want)
+
+
 def _kernel_count(fn, *xs):
     c = minicomp.compile(fn, backend="cpu")
     with torch.no_grad():
