@@ -44,7 +44,7 @@ def size(x) -> str:
         return f"{x}LL" if abs(x) >= (1 << 31) else str(x)
     parts = []
     for mono, c in x.terms:
-        factors = [a if isinstance(a, str) else f"({size(a.arg)} {'/' if a.kind == 'div' else '%'} {size(a.d)})"
+        factors = [a if isinstance(a, str) else f"mc_f{a.kind}({size(a.arg)}, {size(a.d)})"  # mc_fdiv, mc_fmod
                    for a in mono]
         parts.append(" * ".join(factors if c == 1 else [f"{c}LL", *factors]))
     if x.const:

@@ -162,6 +162,15 @@ class Ops:
         return x if adt == "b8" else self.cast(x, adt, "b8")
 
 
+def _floor_div_mod(b, num, d):
+    """num // d and num % d rounded toward minus infinity, as Python's (ir/sym.py evaluates them so):
+    LLVM's sdiv and srem truncate toward zero."""
+    q, r = b.sdiv(num, d), b.srem(num, d)
+    off = b.and_(b.icmp_signed("!=", r, I64(0)), b.icmp_signed("!=", b.icmp_signed("<", r, I64(0)),
+                                                                 b.icmp_signed("<", d, I64(0))))
+    return b.sub(q, b.zext(off, q.type)), b.add(r, b.select(off, d, I64(0)))
+
+
 def emit_sym(b, x, vals: dict):
     """LLVM code computing size expression x (ir/sym.py) from the symbols' values `vals` (name -> i64)."""
     if not isinstance(x, sym.Sym):
@@ -174,7 +183,7 @@ def emit_sym(b, x, vals: dict):
                 f = vals[a]
             else:
                 num, d = emit_sym(b, a.arg, vals), emit_sym(b, a.d, vals)
-                f = b.sdiv(num, d) if a.kind == "div" else b.srem(num, d)
+                f = _floor_div_mod(b, num, d)[a.kind == "mod"]
             v = f if v is None else b.mul(v, f)
         v = v if c == 1 else b.mul(v, I64(c))
         total = v if total is None else b.add(total, v)

@@ -17,6 +17,10 @@
 #define MC_IN(i, n) (i)  // every memory index, n = the buffer's extent; cuda_emu.h checks them
 #endif
 
+// a size expression's // and % (ir/sym.py) round toward minus infinity, as Python's do
+MC_FN long long mc_fdiv(long long a, long long d) { return a / d - (a % d != 0 && (a < 0) != (d < 0)); }
+MC_FN long long mc_fmod(long long a, long long d) { return a % d + (a % d != 0 && (a < 0) != (d < 0)) * d; }
+
 // 16-byte (or smaller) vector access: V elements of T, aligned so one load/store moves them all
 template <class T, int V> struct alignas(sizeof(T) * V) mc_vec { T v[V]; };
 

@@ -118,7 +118,7 @@ def _slice_scatter(b, x, src, dim=0, start=None, end=None, step=1):
 @lowering(aten.select_scatter.default)
 def _select_scatter(b, x, src, dim, index):
     dim = norm_dim(dim, x.type.ndim)
-    index = index % x.type.shape[dim] if index < 0 else index
+    index = index + x.type.shape[dim] if index < 0 else index  # a symbolic size: no % of a negative
     shape = list(x.type.shape)
     shape[dim] = 1
     return _slice_scatter(b, x, b.reshape(src, shape), dim, index, index + 1)

@@ -76,14 +76,14 @@ def _slice(b, x, dim=0, start=None, end=None, step=1):
 @lowering(aten.narrow)
 def _narrow(b, x, dim, start, length):
     dim = norm_dim(dim, x.type.ndim)
-    start = start % x.type.shape[dim] if start < 0 else start
+    start = start + x.type.shape[dim] if start < 0 else start  # torch checks -size <= start
     return slice_(b, x, dim, start, start + length)
 
 
 @lowering(aten.select.int)
 def _select(b, x, dim, index):
     dim = norm_dim(dim, x.type.ndim)
-    index = index % x.type.shape[dim] if index < 0 else index
+    index = index + x.type.shape[dim] if index < 0 else index  # torch checks -size <= index < size
     return b.reshape(slice_(b, x, dim, index, index + 1), b.out_shape)
 
 

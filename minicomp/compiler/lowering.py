@@ -14,6 +14,7 @@ import torch
 
 from ..ir import DTYPES, OPS, Node, TensorType, dtype_name
 from ..ir.sym import Sym
+from ..ir.sym_values import SizeFloat
 from ..ir.types import FLOATS, dim
 
 LOWERINGS: dict[Any, Callable] = {}
@@ -110,6 +111,10 @@ def result_dtype(x, y) -> str:
     def probe(v):
         if isinstance(v, Node):
             return torch.empty((1,) if v.type.ndim else (), dtype=DTYPES[v.type.dtype])
+        if isinstance(v, Sym):  # a size as a scalar (an index a symbolic size gave): an int
+            return 1
+        if isinstance(v, SizeFloat):
+            return 1.0
         return v
     a, b = probe(x), probe(y)
     if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):

@@ -183,3 +183,40 @@ def test_nvrtc_compiles_a_dynamic_gpt_block_forward_and_backward(tmp_path):
     assert len(sources) == 2 and all("const long long s" in src for src in sources)
     for src in sources:
         assert nvrtc.compile(src, "sm_90", prelude_headers()).kind == "cubin"
+
+
+SIZE_EXPRESSIONS = ["(-3)%s0", "(-3)//s0", "(-7)//s0 + (-7)%s0", "(s0 - 9)//4", "(s0 - 9)%4", "(2 - s0)//s0"]
+
+
+def test_size_division_rounds_toward_minus_infinity_in_both_generators():
+    """A size expression's // and % round as Python's do (ir/sym.py evaluates them so, for guards and
+    grids): LLVM's sdiv/srem and C's / and % truncate toward zero, which made (-1) % T read row -1
+    where x[:, -1] at a symbolic T wanted row T - 1."""
+    import ctypes
+
+    import llvmlite.ir as lir
+
+    from minicomp.codegen import cuda_ops
+    from minicomp.backends.cuda import prelude_headers
+    from minicomp.codegen.llvm_values import I64, emit_sym
+    from minicomp.ir import sym, sym_read
+    from minicomp.runtime.cpu import JitModule
+    from minicomp.runtime.cuda_emu import _shared_library
+
+    exprs = [sym_read.parse(t) for t in SIZE_EXPRESSIONS]
+    module = lir.Module()
+    for i, x in enumerate(exprs):
+        fn = lir.Function(module, lir.FunctionType(I64, [I64]), f"size{i}")
+        b = lir.IRBuilder(fn.append_basic_block())
+        b.ret(emit_sym(b, x, {"s0": fn.args[0]}))
+    jit = JitModule(str(module))
+    source = '#include "prelude.cuh"\n' + "".join(
+        f'extern "C" long long size{i}(long long s0) {{ return {cuda_ops.size(x)}; }}\n' for i, x in enumerate(exprs))
+    lib = _shared_library('#include "cuda_emu.h"\n' + source, prelude_headers())
+    for i, x in enumerate(exprs):
+        llvm_fn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(jit.address(f"size{i}"))
+        c_fn = getattr(lib, f"size{i}")
+        c_fn.restype, c_fn.argtypes = ctypes.c_longlong, [ctypes.c_longlong]
+        for s0 in (1, 2, 3, 5, 8, 13):
+            want = sym.evaluate(x, {"s0": s0})
+            assert llvm_fn(s0) == want and c_fn(s0) == want, (SIZE_EXPRESSIONS[i], s0, llvm_fn(s0), c_fn(s0), want)

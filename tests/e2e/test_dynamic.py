@@ -331,3 +331,29 @@ def test_hf_model_called_with_keyword_tensors_over_lengths_two_programs():
     assert len(c.report().programs) == 2, c.report().programs
     assert "symbolic in input 0 dim 1, input 1 dim 1" in c.report().programs[1]
     assert not c.report().eager
+
+
+NEGATIVE_INDEX = {  # a negative index into a dimension that varies: T - 1, not -1 (nor (-1) % T truncated)
+    "last_token_softmax": lambda x: torch.softmax(x[:, -1, :] / 0.8, dim=-1),
+    "select_last": lambda x: x[:, -1] * 1,
+    "select_last_row": lambda x: x[-1] * 1,
+    "view_of_last": lambda x: x[:, -2],
+    "narrow_from_end": lambda x: x.narrow(1, -3, 2) + 1,
+}
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+@pytest.mark.parametrize("dynamic", ["auto", True])
+@pytest.mark.parametrize("name", sorted(NEGATIVE_INDEX))
+def test_a_negative_index_into_a_symbolic_dimension_counts_from_its_end(name, dynamic, backend):
+    fn = NEGATIVE_INDEX[name]
+    compiled = minicomp.compile(fn, backend=backend, dynamic=dynamic)
+    for t in (5, 7, 9):
+        x = torch.randn(3, t, 6, requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        got, want = compiled(x), fn(xe)
+        torch.testing.assert_close(got, want)
+        g = torch.randn_like(want)
+        got.backward(g)  # the backward is a select_scatter at the same index
+        want.backward(g)
+        torch.testing.assert_close(x.grad, xe.grad)
