@@ -29,7 +29,8 @@ from ..report import GraphReport, Report
 from . import graph_cache
 from .debug import Dumper, Progress
 from .frontend import lower, size_positions, tensor_positions
-from .output_layout import USER_OUTPUTS
+from .input_views import with_input_views
+from .output_layout import laid_out
 from .sizes import size_env as _size_env, symbolic as _symbolic
 from .pipeline import run_passes
 from .training import make_partition
@@ -174,11 +175,7 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
         if cached is None:
             ctx.dump.stage("fx", lambda: gm.print_readable(print_output=False), level=3)
             t_lower = time.perf_counter()
-            # outputs in eager's layout (output_layout.py): an inference graph's all, a training
-            # forward's own (what our partition saves for the backward stays as the backward reads
-            # it), a backward's none (gradients are accumulated contiguous)
-            layout = None if kind == "inference" else gm.meta.get(USER_OUTPUTS, 0) if kind == "forward" else 0
-            graph, _ = lower(gm, name, options.strict, sizes, layout)
+            graph, _ = lower(gm, name, options.strict, sizes, laid_out(kind, gm))
             ctx.phases_ms["lower"] = _ms(time.perf_counter() - t_lower)
             fx_nodes = len(gm.graph.nodes)
             plain, hit = kind == "inference" and graph_cache.plain_wrapper(len(example_inputs)), None
@@ -221,6 +218,7 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
 
     program = run
     run = _with_sizes(run, tensor_positions(gm), len(example_inputs), graph, size_outputs, size_positions(gm))
+    run = with_input_views(run, gm)
 
     def boxed(args):
         out = run(*args)

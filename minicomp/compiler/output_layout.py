@@ -24,6 +24,13 @@ from ..ir import Node
 USER_OUTPUTS = "minicomp_user_outputs"  # GraphModule.meta key: how many of a training forward's
                                         # outputs AOTAutograd hands back (the rest are saved values)
 
+def laid_out(kind: str, gm) -> int | None:
+    """How many of the first outputs of a graph of `kind` take eager's layout (None: all): an
+    inference graph's all, a training forward's own (what our partition saves for the backward stays
+    as the backward reads it), a backward's none (gradients are accumulated contiguous)."""
+    return None if kind == "inference" else gm.meta.get(USER_OUTPUTS, 0) if kind == "forward" else 0
+
+
 def dense_order(shape, stride):
     """The dims from outermost to innermost when `stride` is dense (no gaps, no overlaps) in an
     order other than row-major; None when it is row-major, not dense, empty or symbolic. Size-1

@@ -261,6 +261,25 @@ def _write_untransposed(chain: list, base: Node, kernel_ops) -> bool:
     return strides is not None and strides[0] < strides[1]
 
 
+def _contiguous_view(o: Node, kernel_ops) -> bool:
+    """Whether graph output `o` is a chain of views of a value a kernel or a torch op makes (never an
+    input or a constant: that view would alias the caller's tensor) that torch makes without a copy
+    and, over a kernel's buffer, comes out contiguous: handed out as that view (a reshaped bias
+    gradient, x[T // 2] of an updated input) instead of written again. A permuted or sliced one is
+    written as before, in its own buffer, contiguous (or in eager's layout: output_layout.py)."""
+    chain, base = [], o
+    while base.op in VIEW_OPS:
+        chain.append(base)
+        base = base.args[0]
+    if not chain or base.op in ("input", "constant") or view_copies(chain, base, kernel_ops):
+        return False
+    if runs_in_torch(base, kernel_ops) and base.op not in CONTIGUOUS_TORCH_OPS:
+        return True  # torch's own view of torch's result, as eager makes it
+    with real_meta():
+        root, t = view_layout(chain, base)
+        return t._is_view() and t._base is root and t.is_contiguous()
+
+
 def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
     """Values that must live in memory whatever the fusion: graph outputs and the operands of ops
     that run in torch. A torch op's operand that is a view of a value runs as a torch view of that
@@ -269,7 +288,8 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
     through the views as index math, and can fuse with what computes the value (Inductor's
     clone kernels); a matmul's transposed operand may be written untransposed instead
     (_write_untransposed). A graph output is written to its own buffer; one in eager's layout
-    (compiler/output_layout.py) is a permuted view of the buffer its copy writes."""
+    (compiler/output_layout.py) is a permuted view of the buffer its copy writes, and a contiguous
+    view of a value (_contiguous_view) a view of that value's buffer."""
     M, why, views = set(), {}, set()
 
     def need(node: Node, reason: str, allow_view: bool, transposable: bool = False):
@@ -292,7 +312,7 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
         why[base] = reason
     for o in graph.outputs:
         if o is not None:
-            need(o, "graph output", allow_view=is_layout_view(o))
+            need(o, "graph output", allow_view=is_layout_view(o) or _contiguous_view(o, kernel_ops))
     for n in graph.nodes:
         if runs_in_torch(n, kernel_ops):
             ordered = ORDERED_OPERANDS.get(n.op, 0)

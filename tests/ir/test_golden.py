@@ -19,6 +19,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from minicomp.compiler.capture import _DECOMPOSITIONS
 from minicomp.compiler.frontend import lower
+from minicomp.compiler.output_layout import laid_out
 from minicomp.ir import interpret, parse, verify
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
@@ -32,7 +33,7 @@ def capture(fn, *inputs) -> dict:
 
     def compiler(kind):
         def run(gm, example_inputs):
-            graphs[kind] = lower(gm, kind)[0]
+            graphs[kind] = lower(gm, kind, layout_outputs=laid_out(kind, gm))[0]  # as capture.py lowers
             return make_boxed_func(gm.forward)
         return run
     backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),

@@ -158,7 +158,8 @@ CASES = {
 FEATURES = {
     "pointwise": ["= cos t"], "softmax": ["stage 1:", "inner stores:"], "layer_norm": ["= rsqrt t", "stage 1:"],
     "split_sum": ['name="k1"', "r0: f32 = sum t"], "split_columns": ["domain (i1: 8) x [i0: 4096]"],
-    "views": ["load b0[i0 + 8*i1 + 1]"], "gather": ["clamp_index", "data(t"], "index": ["// 7", "% 7", "data(t"],
+    "views": ["load b0[8*i0 + i1 + 1]"],  # eager's result is transposed: written so, x read along its rows
+    "gather": ["clamp_index", "data(t"], "index": ["// 7", "% 7", "data(t"],
     "embedding": ["data(t"], "cat": ["[guard=t"], "casts": ["[dtype=f16]", "[dtype=i32]", "[dtype=f64]"],
     "f16": ["f16 = load", "r0: f16 = amax"], "bf16": ["bf16 = load", "[dtype=bf16]", "bf16 = mul"], "int": ["[where=", "r0: i64 = argmax"],
     "bool": ["b8 = bitwise_and", "b8 = eq", "b8[15] = out 0"], "constants": ["const nan", "const inf", "const -inf", "const 0.5"],

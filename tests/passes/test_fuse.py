@@ -217,6 +217,26 @@ def test_a_cat_part_that_cannot_fuse_leaves_no_guard_behind(backend):
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_a_contiguous_view_of_a_value_is_returned_as_a_view_not_copied(backend):
+    """An output that is a reshape of a matmul's result (a bias gradient's view of a sum), or a
+    contiguous view of a kernel's result returned beside it, is that view of the value's buffer:
+    no kernel copies it into a buffer of its own."""
+    def f(x, w):
+        y = x @ w
+        z = torch.sigmoid(y)
+        return y.reshape(-1), z, z.reshape(2, -1)
+    x, w = torch.randn(6, 8), torch.randn(8, 4)
+    c = minicomp.compile(f, backend=backend)
+    got, want = c(x, w), f(x, w)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert [k.ops for k in c.report().kernels] == [["sigmoid"]]
+    assert got[2].data_ptr() == got[1].data_ptr()
+    again = c(x, w)  # fresh outputs each call: the caller's first results stay as they were
+    assert again[0].data_ptr() != got[0].data_ptr() and torch.equal(got[0], want[0])
+
+
 def _kernel_count(fn, *xs):
     c = minicomp.compile(fn, backend="cpu")
     with torch.no_grad():
