@@ -368,7 +368,8 @@ def cut(graph: Graph, n_fwd: int, kernel_ops, *, remat: bool = True, budget: Opt
         if budget is None or result.saved_bytes <= budget * baseline.saved_bytes:
             return result
     limit = budget * baseline.saved_bytes
-    stuck = sorted((n for n in best.saved if n in best.banned), key=nbytes, reverse=True)[:4]
+    stuck = sorted((n for n in best.saved if n in best.banned and n.op != "input"),  # inputs cost nothing here
+                   key=nbytes, reverse=True)[:4]
     raise MinicompError(
         f"minicomp: remat_budget={budget:g} asks for at most {limit:,.0f} bytes of saved activations "
         f"({budget:.0%} of the {baseline.saved_bytes:,} bytes remat=False saves), but the fewest minicomp can "
