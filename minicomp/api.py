@@ -90,6 +90,33 @@ def _fast_path(model, key, args, program, dims=frozenset()):
 _PROGRAM_IDS = itertools.count(1)
 
 
+_MARKS = ("_dynamo_weak_dynamic_indices", "_has_dynamo_dim_marking")  # what maybe_mark_dynamic sets
+
+
+def _mark_dynamic(tensors, dims) -> list:
+    """Mark dims (input position, dim) dynamic for this compile (Dynamo's maybe_mark_dynamic);
+    returns each marked tensor with the marks it had before, for _unmark."""
+    before = {}
+    for t, (_, d) in zip(tensors, dims):
+        if id(t) not in before:
+            before[id(t)] = (t, {a: getattr(t, a) for a in _MARKS if hasattr(t, a)})
+            if hasattr(t, _MARKS[0]):
+                t._dynamo_weak_dynamic_indices = set(t._dynamo_weak_dynamic_indices)  # ours, not the caller's set
+        torch._dynamo.maybe_mark_dynamic(t, d)
+    return list(before.values())
+
+
+def _unmark(marked) -> None:
+    """The marks the caller's tensors carried before this compile: a mark left behind made a later
+    compile of another callable, or with dynamic=False, symbolic in those dims."""
+    for t, old in marked:
+        for a in _MARKS:
+            if a in old:
+                setattr(t, a, old[a])
+            elif hasattr(t, a):
+                delattr(t, a)
+
+
 def _trampoline(target):
     def run(*args, **kwargs):
         return target(*args, **kwargs)
@@ -229,6 +256,7 @@ class CompiledModule:
         self._patterns: list = []  # the dimension sets of the symbolic programs (signature table keys: _wild)
         self._codes: list = []  # each program's code object, in report.programs' order (Dynamo's recompiles)
         self._warned_limit = False
+        self._no_symbolic: str | None = None  # why a symbolic program could not be built: sizes get static ones
         self._lock = threading.Lock()  # one compile at a time: threads racing on a new signature build it once
         # Dynamo keeps what it compiled alive after this callable is gone (its caches hang off code
         # objects it still references): release the programs' arenas and machine code with us
@@ -250,7 +278,7 @@ class CompiledModule:
                     if len(self._programs) >= self.options.max_programs:
                         self._note_limit(args, kwargs)
                         return self.model(*args, **kwargs)
-                    return self._compile_and_run(key, args, kwargs, self._dims_for(key, _inputs(args, kwargs)))
+                    return self._compile_new(key, args, kwargs)
         program, fast = entry
         if fast is not None:
             self._fast = fast
@@ -291,7 +319,22 @@ class CompiledModule:
             log.warning("minicomp: %s", msg)
             self._report.eager.append(msg)
 
-    def _compile_and_run(self, key, args, kwargs, dims=frozenset()):
+    def _compile_new(self, key, args, kwargs):
+        """A program for a new signature: symbolic in the dims that varied, or where minicomp cannot
+        build that one (a size torch left unbacked: x[T - 2:]), static for this call's sizes."""
+        dims = self._dims_for(key, _inputs(args, kwargs))
+        if dims and self._no_symbolic is not None:
+            return self._compile_and_run(key, args, kwargs, note=self._no_symbolic)
+        if not dims or self.options.strict:
+            return self._compile_and_run(key, args, kwargs, dims)
+        try:
+            return self._compile_and_run(key, args, kwargs, dims)
+        except MinicompError as e:
+            self._no_symbolic = f"its sizes varied, but no program over varying sizes: {str(e).splitlines()[0]}"
+            log.warning("minicomp: %s; each size gets a static program", self._no_symbolic)
+            return self._compile_and_run(key, args, kwargs, note=self._no_symbolic)
+
+    def _compile_and_run(self, key, args, kwargs, dims=frozenset(), note: str = ""):
         backend = make_backend(self.options, self._report)
         # Static shapes: the first call, which traces every frame it reaches, turns automatic dynamic
         # shapes off (Dynamo's frame state can outlive one program). Not dynamic=False: that patches
@@ -300,8 +343,7 @@ class CompiledModule:
         program = torch.compile(entry, backend=backend, **_ISOLATE)
         before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs) + len(self._report.eager)
         inputs = _inputs(args, kwargs)
-        for i, d in dims:  # these sizes vary: symbolic in this program (Dynamo may still specialize one)
-            torch._dynamo.maybe_mark_dynamic(inputs[i], d)
+        marked = _mark_dynamic([inputs[i] for i, _ in dims], dims)
         try:
             with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True), \
                     torch.fx.experimental._config.patch(backed_size_oblivious=bool(dims)):
@@ -311,13 +353,15 @@ class CompiledModule:
             if isinstance(inner, MinicompError):
                 raise inner from None
             raise
+        finally:
+            _unmark(marked)
         for reason, count in counters["graph_break"].items():
             if count > before.get(reason, 0):
                 self._eager(f"graph break (the code around it runs eagerly): {_short(reason)}")
         if len(self._report.graphs) + len(self._report.eager) == graphs_before:
             self._eager(f"no graph captured for call signature #{len(self._programs)} (nothing to compile, "
                         "or Dynamo skipped the frame): it runs eagerly")
-        self._report.programs.append(_why(key, dims, args, kwargs, self.options.dynamic))
+        self._report.programs.append(_why(key, dims, args, kwargs, self.options.dynamic) + (f" ({note})" if note else ""))
         self._codes.append(entry.__code__)
         fast = _fast_path(self.model, key, args, program, dims)
         if dims:

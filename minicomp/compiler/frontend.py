@@ -267,7 +267,10 @@ class Lowerer:
         if typ is None:
             raise MinicompError(f"{node.target} returns {type(val).__name__}, which minicomp cannot hold\n"
                                 f"  at {self.b.meta['source']}")
-        attrs = {"target": str(node.target), "args": ext_args}
+        # an IR value is a logical tensor (a clone before it is gone): view's stride rule is reshape's
+        target = {torch.ops.aten.view.default: torch.ops.aten.reshape.default,
+                  torch.ops.aten._unsafe_view.default: torch.ops.aten.reshape.default}.get(node.target, node.target)
+        attrs = {"target": str(target), "args": ext_args}
         if ext_kwargs:
             attrs["kwargs"] = ext_kwargs
         ext = Node("extern", refs, attrs, typ, meta=dict(self.b.meta, reason=reason))

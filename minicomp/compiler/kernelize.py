@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir import OPS, Node
+from ..ir import OPS, Node, sym
 from ..ir.index import Expr, Var, data, linear, unravel
 from ..ir.kernel import Buffer, Kernel, KExpr, Reduction, Store, walk
 from ..ir.scalar import COMPOSITES
@@ -210,7 +210,7 @@ class KernelBuilder:
             return self.mk("const", (), node.type.dtype, value=node.attrs["value"])
         if node.op == "iota":
             e = idx[node.attrs["dim"]] * node.attrs["step"] + node.attrs["start"] if isinstance(
-                node.attrs["step"], int) and isinstance(node.attrs["start"], int) else None
+                node.attrs["step"], (int, sym.Sym)) and isinstance(node.attrs["start"], (int, sym.Sym)) else None
             if e is None:  # float start/step: start + step * i in f64, then the result dtype
                 i = self.mk("index", (), "i64", expr=idx[node.attrs["dim"]])
                 f = self.mk("cast", (i,), "f64", dtype="f64")

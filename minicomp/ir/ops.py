@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from . import sym
 from .types import DTYPES, FLOATS, INTS, TensorType, broadcast_shapes
 
 
@@ -197,7 +198,9 @@ _arg_reduce("argmin", torch.argmin)
 
 def _reshape_infer(ts, a):
     shape = tuple(a["shape"])
-    if any(s < 0 for s in shape) or math.prod(shape) != ts[0].numel:
+    count, numel = math.prod(shape), ts[0].numel
+    differ = count != numel if isinstance(count, int) and isinstance(numel, int) else sym.known(count, "!=", numel)
+    if any(s < 0 for s in shape) or differ:  # symbolic counts torch made equal (3*(n//3) and n): only a sure difference
         raise TypeError(f"reshape of {ts[0]} to {shape}: element counts differ")
     return TensorType(shape, ts[0].dtype)
 

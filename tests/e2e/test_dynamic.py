@@ -357,3 +357,84 @@ def test_a_negative_index_into_a_symbolic_dimension_counts_from_its_end(name, dy
         got.backward(g)  # the backward is a select_scatter at the same index
         want.backward(g)
         torch.testing.assert_close(x.grad, xe.grad)
+
+
+INPUT_VIEWS = {  # an output that views an input at an offset the sizes decide
+    "middle_row": lambda x: x[x.shape[0] // 2],
+    "narrow": lambda x: x.narrow(0, x.shape[0] // 2, 1),
+    "tail": lambda x: x[x.shape[0] // 2:],
+    "column": lambda x: x[:, x.shape[1] // 2],
+}
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+@pytest.mark.parametrize("dynamic", ["auto", True])
+@pytest.mark.parametrize("name", sorted(INPUT_VIEWS))
+def test_an_output_viewing_an_input_at_a_symbolic_offset(name, dynamic, backend):
+    """AOTAutograd rebuilds such an alias from what the program returned (as_strided, when a view
+    took a symbolic argument): a fresh copy made x[T // 2] row 0. The view is now the graph's own
+    view of the caller's tensor (compiler/input_views.py)."""
+    fn = INPUT_VIEWS[name]
+    compiled = minicomp.compile(fn, backend=backend, dynamic=dynamic)
+    for n in (4, 6, 9):
+        x = torch.arange(n * 5.).view(n, 5)
+        got, want = compiled(x), fn(x)
+        assert torch.equal(got, want) and got.stride() == want.stride() and got.data_ptr() == want.data_ptr()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_an_updated_input_and_a_view_of_it_over_sizes(backend):
+    def fn(x, w):
+        x.mul_(2)
+        return x[x.shape[0] // 2], (x * w).sum(0)
+    compiled = minicomp.compile(fn, backend=backend)
+    for n in (4, 6, 9):
+        x, w = torch.randn(n, 5), torch.randn(n, 5, requires_grad=True)
+        xe, we = x.clone(), w.detach().clone().requires_grad_()
+        got, want = compiled(x, w), fn(xe, we)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x, xe)  # the caller's tensor updated as eager updates it
+        got[1].sum().backward()
+        want[1].sum().backward()
+        torch.testing.assert_close(w.grad, we.grad)
+
+
+def test_dynamic_true_leaves_no_mark_on_the_callers_tensor():
+    """dynamic=True marks the call's dims dynamic for its compile only: a later compile of another
+    callable with dynamic=False, on the same tensor, builds a static program."""
+    x = torch.arange(35.).view(5, 7)
+    x._dynamo_weak_dynamic_indices = {1}  # a mark of the caller's own stays as it was
+    minicomp.compile(lambda t: t[t.shape[0] // 2] * 2, backend="cpu", dynamic=True)(x)
+    assert x._dynamo_weak_dynamic_indices == {1}
+    del x._dynamo_weak_dynamic_indices
+    minicomp.compile(lambda t: t * 3, backend="cpu", dynamic=True)(x)
+    assert not hasattr(x, "_dynamo_weak_dynamic_indices")
+    static = minicomp.compile(lambda t: t[t.shape[0] // 2] + 1, backend="cpu", dynamic=False)
+    torch.testing.assert_close(static(x), x[2] + 1)
+    assert "static" in str(static.report().programs[-1])
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_flip_and_a_descending_arange_over_a_symbolic_dimension(backend):
+    """A reversed index starts at T - 1: an iota with a symbolic start (it was taken for a float)."""
+    fns = [lambda x: x.flip(0), lambda x: x.flip(0, 1) * 2,
+           lambda x: x + torch.arange(x.shape[0] - 1, -1, -1).unsqueeze(1)]
+    for fn in fns:
+        compiled = minicomp.compile(fn, backend=backend)
+        for n in (6, 2, 9, 1):
+            x = torch.randn(n, 6)
+            torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_where_no_symbolic_program_can_be_built_each_size_gets_a_static_one():
+    """x[T - 2:]: torch leaves the slice's size unbacked over varying T, which minicomp refuses; the
+    calls keep running compiled, one static program per size, and the report says why."""
+    fn = lambda x: x[x.shape[0] - 2:] * 2  # noqa: E731
+    compiled = minicomp.compile(fn, backend="cpu")
+    for n in (6, 3, 9, 4):
+        x = torch.randn(n, 6)
+        torch.testing.assert_close(compiled(x), fn(x))
+    programs = compiled.report().programs
+    assert len(programs) == 4 and all(p.startswith("static") for p in programs)
+    assert "no program over varying sizes" in programs[1] and "data-dependent" in programs[1]
+    assert not compiled.report().eager
