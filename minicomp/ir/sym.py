@@ -24,6 +24,7 @@ stay in this file; reading sizes back (text, Dynamo's sympy) is sym_read.py, val
 from __future__ import annotations
 
 import contextvars
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
@@ -485,11 +486,54 @@ def known(a: Int, op: str, b: Int) -> Optional[bool]:
     return _settle(a, op, b) is True
 
 
+def _floor_relaxed(x: Sym) -> tuple:
+    """(lo, hi) of D*x, D > 0, with each term c*M*(a//d) (d an int > 0, M the term's other factors,
+    M >= 0) read as c*M*(a - r)/d, 0 <= r < d: n - n//2 is then n/2 plus a bounded part, >= 0, which
+    term-by-term bounds cannot see (they bound n and n//2 apart). (None, None) without such a term."""
+    def split(m):
+        divs = [a for a in m if isinstance(a, Opaque) and a.kind == "div" and isinstance(a.d, int) and a.d > 0]
+        if len(divs) != 1:
+            return None
+        rest = 1
+        for a in m:
+            if a is not divs[0]:
+                rest = mul(rest, Sym(0, (((a,), 1),)) if not isinstance(a, str) else symbol(a))
+        return (divs[0], rest) if bounds(rest)[0] is not None and bounds(rest)[0] >= 0 else None
+    parts = [(split(m), m, c) for m, c in x.terms]
+    if not any(p for p, _, _ in parts):
+        return None, None
+    big = 1
+    for p, _, _ in parts:
+        if p:
+            big = big * p[0].d // math.gcd(big, p[0].d)
+    low = high = x.const * big
+    for p, m, c in parts:
+        if not p:
+            term = mul(Sym(0, ((m, 1),)), c * big)
+            low, high = add(low, term), add(high, term)
+            continue
+        (a, rest), k = p, big // p[0].d * c
+        term = mul(mul(a.arg, rest), k)  # (big/d) * c * M * a; the remainder's share below
+        slack = mul(rest, -k * (a.d - 1))
+        low, high = add(low, term), add(high, term)
+        if k > 0:
+            low = add(low, slack)
+        else:
+            high = add(high, slack)
+    return bounds(low)[0], bounds(high)[1]
+
+
 def _settle(a: Int, op: str, b: Int) -> Optional[bool]:
     diff = add(a, mul(b, -1))
     if isinstance(diff, int):
         return OPS[op](diff, 0)
     lo, hi = bounds(diff)
+    if (lo is None or lo <= 0) and (hi is None or hi >= 0):  # the signs are open: try the floor relaxation
+        rlo, rhi = _floor_relaxed(diff)
+        lo = 0 if rlo is not None and rlo >= 0 and (lo is None or lo < 0) else lo
+        lo = 1 if rlo is not None and rlo > 0 else lo
+        hi = 0 if rhi is not None and rhi <= 0 and (hi is None or hi > 0) else hi
+        hi = -1 if rhi is not None and rhi < 0 else hi
     pos = lo is not None and lo > 0
     neg = hi is not None and hi < 0
     nonneg = lo is not None and lo >= 0

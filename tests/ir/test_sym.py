@@ -43,6 +43,20 @@ def test_ranges_settle_without_guards():
     assert env.guards == []
 
 
+def test_a_floor_division_is_bounded_by_its_quotient():
+    """n - n//2 >= 0 for every n: the ranges alone bound n and n//2 apart (0 - inf); read as
+    n - (n - r)/2 with 0 <= r < 2 it is settled, times other sizes too (a tail slice's element count)."""
+    s = sym.symbol("n")
+    env = sym.SymEnv()
+    with sym.scope({"n": (0, None, 6), "s0": (2, None, 8), "s1": (0, None, 3)}):
+        assert sym.known(s - s // 2, ">=", 0) and not sym.known(s - s // 2, ">", 0)  # n = 0
+        assert sym.known(s0 - s0 // 2, ">", 0)  # s0 >= 2
+        assert sym.known(s * s1 - (s // 2) * s1, ">=", 0)
+        assert sym.known(s - (s // 3) * 3, ">=", 0) and sym.known(2 * (s // 2), "<=", s)
+        assert not sym.known(s // 2 - 1, ">=", 0)
+    assert env.guards == []
+
+
 def test_open_comparison_is_decided_on_hints_and_guarded():
     env = sym.SymEnv(hints={"s0": 5, "s1": 7})
     with sym.using(env):
