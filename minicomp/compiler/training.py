@@ -64,6 +64,34 @@ def _must_save(fx_node) -> bool:
                                     or torch.Tag.nondeterministic_seeded in getattr(fx_node.target, "tags", ()))
 
 
+def _mutated_inputs() -> list:
+    """The positions of the joint graph's primal inputs the forward updates in place (x.mul_(2) on
+    an input): AOTAutograd's ViewAndMutationMeta, a local of the function that calls partition_fn
+    (it passes only the output count); [] where no caller holds one."""
+    frame = inspect.currentframe()
+    try:
+        for _ in range(4):
+            frame = frame.f_back if frame is not None else None
+            meta = frame.f_locals.get("fw_metadata") if frame is not None else None
+            if meta is not None and hasattr(meta, "input_info"):
+                return [i for i, info in enumerate(meta.input_info) if getattr(info, "mutates_data", False)]
+        return []
+    finally:
+        del frame
+
+
+def _mark_readers_of_mutated_inputs(joint: fx.GraphModule, mutated: list) -> None:
+    """AOTAutograd writes a mutated input's new value into it after the forward, so the backward
+    must not read the input: a value computed from it is saved, never recomputed (recomputed, it
+    read the updated input -- autograd refused, and its value would have been wrong)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    primals = [n for n in joint.graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
+    for i in mutated:
+        if i < len(primals):
+            for user in primals[i].users:
+                user.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+
+
 def _must_recompute(fx_node) -> bool:
     from torch.utils.checkpoint import CheckpointPolicy
     return fx_node is not None and fx_node.meta.get("recompute") == CheckpointPolicy.MUST_RECOMPUTE
@@ -183,6 +211,7 @@ def make_partition(options: Options, report: Report, kernel_ops_for):
     """AOTAutograd's `partition_fn`: minicomp's min cut for the joint graphs it compiles.
     `kernel_ops_for(joint_inputs)`: the ops the backend that will run them has kernels for."""
     def partition_fn(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices=None, **_):
+        _mark_readers_of_mutated_inputs(joint, _mutated_inputs())
         why = _unsupported(joint)
         if why is None:
             try:

@@ -146,3 +146,21 @@ def test_data_parallel_training_matches_eager_ddp():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "2 workers, 3 steps: max difference from eager DDP" in r.stdout
     assert "joint_" in r.stdout and "[min-cut]" in r.stdout  # the compiled backward used our partition
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_a_value_computed_from_an_input_updated_in_place_is_saved_not_recomputed(backend):
+    """AOTAutograd writes x's new value into x after the forward: a backward that recomputed x * 2
+    from x read the updated x (autograd refused: x was modified by an inplace operation)."""
+    def fn(x, w):
+        x.mul_(2)
+        return (x * w).sum(0), torch.tanh(x * w)
+    compiled = minicomp.compile(fn, backend=backend)
+    for _ in range(2):
+        x, w = torch.randn(4, 5), torch.randn(4, 5, requires_grad=True)
+        xe, we = x.clone(), w.detach().clone().requires_grad_()
+        got, want = compiled(x, w), fn(xe, we)
+        torch.testing.assert_close(x, xe)
+        (got[0].sum() + got[1].sum()).backward()
+        (want[0].sum() + want[1].sum()).backward()
+        torch.testing.assert_close(w.grad, we.grad)
