@@ -218,7 +218,7 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
 
     program = run
     run = _with_sizes(run, tensor_positions(gm), len(example_inputs), graph, size_outputs, size_positions(gm))
-    run = with_input_views(run, gm)
+    run = with_input_views(run, gm, laid_out(kind, gm))
 
     def boxed(args):
         out = run(*args)

@@ -1,4 +1,4 @@
-"""Outputs that are views of an input, made in torch from the caller's tensors.
+"""Outputs that are views of an input or of another output, made in torch after the program runs.
 
 An fx output that is a chain of views of a graph input (x[T // 2], x.narrow(...)) is an alias
 AOTAutograd rebuilds after the call: it replays the views on the caller's tensor -- except when a
@@ -6,6 +6,11 @@ view took a symbolic argument, where it takes the size, strides and storage offs
 compiled graph returned and applies them with as_strided. A program returns a fresh copy (offset 0),
 so x[T // 2] came back as row 0. Here each such output is the view itself, made by the graph's own
 view nodes on the tensors the caller passed: eager's exact metadata, whatever the sizes.
+
+So is an output that is a chain of views of another output (z and z.t(); an input's new value after
+x.mul_(2) and x[T // 2], which AOTAutograd rebuilds from x the same way): the view of the tensor the
+program returned for that output, sharing its memory as eager's do. An output whose chain passes
+through a clone is no view: the IR has no clones, and such an output keeps its own buffer.
 """
 from __future__ import annotations
 
@@ -17,16 +22,16 @@ def _is_view(n: fx.Node) -> bool:
     return n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target.is_view
 
 
-def _ancestors(o: fx.Node) -> list | None:
-    """The nodes that compute output o from the placeholders, when every tensor among them is a view
-    of a placeholder (sizes may come from anywhere); None otherwise."""
+def _ancestors(o: fx.Node, leaf=None) -> list | None:
+    """The nodes that compute output o from the placeholders (and `leaf`, taken as given), when
+    every tensor among them is a view of one of those (sizes may come from anywhere); else None."""
     seen, order, stack = set(), [], [(o, False)]
     while stack:
         n, done = stack.pop()
         if done:
             order.append(n)
             continue
-        if n in seen or n.op == "placeholder":
+        if n in seen or n.op == "placeholder" or n is leaf:
             continue
         seen.add(n)
         is_tensor = isinstance(n.meta.get("val"), torch.Tensor)
@@ -37,37 +42,51 @@ def _ancestors(o: fx.Node) -> list | None:
     return order
 
 
-def input_views(gm: fx.GraphModule) -> list:
-    """[(output position, a GraphModule taking the graph's arguments and returning that output)] for
-    the outputs that are views of an input."""
+def _root(o: fx.Node) -> fx.Node:
+    while _is_view(o):
+        o = o.args[0]
+    return o
+
+
+def input_views(gm: fx.GraphModule, limit=None) -> list:
+    """[(output position, position of the output it views or None for an input, a GraphModule taking
+    the graph's arguments (and that output's tensor) and returning the view)] for the first `limit`
+    outputs (None: all) that are views of an input or of another output."""
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(out_node.args[0])
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     found = []
-    for i, o in enumerate(out_node.args[0]):
+    for i, o in enumerate(outs[:limit]):
         if not isinstance(o, fx.Node) or not _is_view(o):
             continue
-        nodes = _ancestors(o)
+        root = _root(o)
+        base = next((k for k, r in enumerate(outs) if r is root and k != i), None)
+        if root.op != "placeholder" and base is None:
+            continue
+        nodes = _ancestors(o, leaf=root if base is not None else None)
         if nodes is None:
             continue
         g = fx.Graph()
         env = {p: g.placeholder(p.name) for p in placeholders}
+        if base is not None:
+            env[root] = g.placeholder("minicomp_base")
         for n in nodes:
             env[n] = g.node_copy(n, env.__getitem__)
         g.output(env[o])
-        found.append((i, fx.GraphModule(gm, g)))
+        found.append((i, base, fx.GraphModule(gm, g)))
     return found
 
 
-def with_input_views(run, gm: fx.GraphModule):
+def with_input_views(run, gm: fx.GraphModule, limit=None):
     """`run` (the compiled graph's call, Dynamo's convention), with each output that is a view of an
-    input replaced by that view of the caller's tensor."""
-    views = input_views(gm)
+    input or of another output replaced by that view of the caller's tensor or of that output."""
+    views = input_views(gm, limit)
     if not views:
         return run
 
     def call(*args):
         out = list(run(*args))
-        for i, view in views:
-            out[i] = view(*args)
+        for i, base, view in views:
+            out[i] = view(*args) if base is None else view(*args, out[base])
         return out
     return call

@@ -261,12 +261,20 @@ def _write_untransposed(chain: list, base: Node, kernel_ops) -> bool:
     return strides is not None and strides[0] < strides[1]
 
 
+def _view_root(o: Node) -> Node:
+    while o.op in VIEW_OPS:
+        o = o.args[0]
+    return o
+
+
 def _contiguous_view(o: Node, kernel_ops) -> bool:
     """Whether graph output `o` is a chain of views of a value a kernel or a torch op makes (never an
     input or a constant: that view would alias the caller's tensor) that torch makes without a copy
     and, over a kernel's buffer, comes out contiguous: handed out as that view (a reshaped bias
-    gradient, x[T // 2] of an updated input) instead of written again. A permuted or sliced one is
-    written as before, in its own buffer, contiguous (or in eager's layout: output_layout.py)."""
+    gradient) instead of written again. A permuted or sliced one is written as before, in its own
+    buffer, contiguous (or in eager's layout: output_layout.py). Only where no other output is that
+    value or a view of it: the IR holds no clone, so eager's z and z.clone().view(-1) are one value
+    here, and handing both out of one buffer would make them share memory."""
     chain, base = [], o
     while base.op in VIEW_OPS:
         chain.append(base)
@@ -310,9 +318,11 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
             return
         M.add(base)
         why[base] = reason
+    roots = [_view_root(o) for o in graph.outputs if o is not None]
     for o in graph.outputs:
-        if o is not None:
-            need(o, "graph output", allow_view=is_layout_view(o) or _contiguous_view(o, kernel_ops))
+        if o is not None:  # a view only of a value no other output is or views (eager's outputs may not share)
+            alone = roots.count(_view_root(o)) == 1
+            need(o, "graph output", allow_view=is_layout_view(o) or alone and _contiguous_view(o, kernel_ops))
     for n in graph.nodes:
         if runs_in_torch(n, kernel_ops):
             ordered = ORDERED_OPERANDS.get(n.op, 0)
