@@ -245,7 +245,7 @@ class CompiledModule:
     so chaining never drops compilation. It is not an nn.Module: register the model, not this."""
 
     _OWN = frozenset({"model", "options", "_report", "_programs", "_fast", "_warned_limit", "_lock", "__wrapped__",
-                      "__doc__", "_patterns", "_codes"})
+                      "__doc__", "_patterns", "_codes", "_no_symbolic"})
 
     def __init__(self, model, options: Options):
         self.model = model

@@ -473,3 +473,14 @@ def test_compiles_log_to_the_minicomp_logger_with_progress_when_long(caplog, mon
     messages = [r.getMessage() for r in caplog.records if r.name == "minicomp"]
     assert any("compiling inference_" in m and "lowered to" in m for m in messages), messages
     assert any("passes done" in m for m in messages) and any("[inference, interpret]" in m for m in messages)
+
+
+def test_compiling_and_calling_adds_nothing_to_the_users_module():
+    """CompiledModule keeps its own state on itself (CompiledModule._OWN); any other attribute it
+    set would land on the user's module."""
+    m = torch.nn.Linear(4, 4)
+    before = set(vars(m))
+    c = minicomp.compile(m, backend="cpu")
+    for n in (2, 3, 5):  # static, then symbolic programs
+        c(torch.randn(n, 4))
+    assert set(vars(m)) == before
