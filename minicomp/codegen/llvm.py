@@ -7,7 +7,7 @@ lets LLVM vectorize without runtime alias checks; the innermost loop is contiguo
 collapse.py, so LLVM's loop vectorizer turns it into vector code (the tests check for vector ops).
 Reductions keep accumulators in allocas (promoted to phis); float sums carry `reassoc` so they
 vectorize; max/min track NaN separately so they stay vectorizable and still propagate NaN. A long
-float sum adds blocks of SUM_BLOCK elements from zero and those partials into its total (sum_blocking).
+float sum adds blocks of elements from zero and those partials into its total (blocked_sums.py).
 
 An innermost loop that calls our polynomial math (llvm_math.py) asks the vectorizer to interleave
 MATH_INTERLEAVE vector iterations: each function is one long dependency chain, LLVM's own choice for
@@ -43,6 +43,7 @@ from ..ir import sym
 from ..ir.index import Expr, Var
 from ..ir.kernel import Kernel, KernelPrinter, KExpr, check_sites, kernel_symbols, outer_extent, site, walk
 from .collapse import collapse
+from .blocked_sums import blocked_nest, sum_blocking
 from .columns import columns, emit_columns
 from .pieces import split
 from ..ir.scalar import SCALAR
@@ -66,29 +67,6 @@ BODY_DEFINITION = re.compile(r'^define internal void @"[^"]*_body"', re.M)  # on
 MATH_INTERLEAVE = 4
 MATH_INTERLEAVE_MIN_TRIPS = 256  # shorter loops would leave most iterations to the scalar remainder
 NO_UNROLL_MIN_TRIPS = 128  # constant-trip loops this long are not unrolled (see the module docstring)
-SUM_BLOCK = 4096  # iterations a float sum adds from zero before adding that partial into its total
-
-
-def sum_blocking(k: Kernel, reds):
-    """(j, block): run inner loop j in blocks of `block` iterations, each float sum in `reds`
-    adding a block into a partial of its own and the partials into its total -- or None. One
-    accumulator for a whole long row (LLVM's vector lanes split it a few dozen ways) loses digits as
-    the total outgrows what each element adds: summing 4M floats lost 2e-6 relative where ATen's
-    cascade sum loses 1e-7. The innermost loop is blocked when it may be longer than SUM_BLOCK (a
-    symbolic one too); otherwise the outermost, in blocks that cover about SUM_BLOCK elements."""
-    if not k.inner or not any(r.op == "sum" and r.value.dtype in FLOATS for r in reds):
-        return None
-    hints = [sym.hint(v.size) for v in k.inner]
-    if not isinstance(k.inner[-1].size, int) or hints[-1] > SUM_BLOCK:
-        return len(hints) - 1, SUM_BLOCK
-    rest = 1
-    for h in hints[1:]:
-        rest *= h
-    if len(hints) == 1 or hints[0] * rest <= SUM_BLOCK:
-        return None
-    return 0, max(1, SUM_BLOCK // rest)
-
-
 class KernelCodegen:
     def __init__(self, module: ir.Module, kernel: Kernel, whole: bool = False, openmp: bool = False,
                  sized: bool = False):
@@ -245,7 +223,7 @@ class KernelCodegen:
                 for st in self.prestores.get(id(r), ()):  # softmax: keep exp(x - max) in the output
                     self.store_value(st.buf, st.index, x)
         if blocking:
-            self.blocked_nest(list(self.k.inner), *blocking, body, partials)
+            blocked_nest(self, list(self.k.inner), *blocking, body, partials)
         else:
             self.nest(list(self.k.inner), body)
         for r, _, nan, idx, total in slots:
@@ -253,33 +231,6 @@ class KernelCodegen:
                 self.accs[id(r)] = self.ops.cast(b.load(idx), "i64", r.dtype)
                 continue
             self.accs[id(r)] = self.result(r, total, nan)
-
-    def blocked_nest(self, vs, j: int, block: int, body, partials) -> None:
-        """nest(vs, body) with loop j run in blocks of `block` iterations: each float sum in
-        `partials` (reduction, partial, total) adds a block from zero and its partial into the total
-        after the block (cascade summation, sum_blocking)."""
-        b = self.b
-
-        def blocks():
-            v = vs[j]
-            n = self.size(v.size)
-            lo = b.mul(self.vars[v.name + ".blk"], I64(block))
-            hi = b.add(lo, I64(block))
-            hi = b.select(b.icmp_signed("<", hi, n), hi, n)
-            for r, acc, _ in partials:
-                b.store(self.init_value(r), acc)
-            self.loop(lo, hi, v.name, lambda: self.nest(vs[j + 1:], body), min(block, sym.hint(v.size)))
-            for r, acc, total in partials:
-                b.store(LOWER["sum"](self.ops, [b.load(total), b.load(acc)], r.value.dtype, {}), total)
-
-        def level(i):
-            if i < j:
-                self.loop(I64(0), self.size(vs[i].size), vs[i].name, lambda: level(i + 1), sym.hint(vs[i].size))
-                return
-            n = self.size(vs[j].size)
-            count = b.sdiv(b.add(n, I64(block - 1)), I64(block))
-            self.loop(I64(0), count, vs[j].name + ".blk", blocks, -(-sym.hint(vs[j].size) // block))
-        level(0)
 
     def result(self, r, acc, nan):
         """Reduction r's value from its accumulator (a float max or min that saw NaN is NaN)."""
