@@ -12,7 +12,7 @@ import math
 
 from ..ir import Node
 from ..ir.types import broadcast_shapes
-from .lower_view import permute_, slice_
+from .lower_view import bounds, permute_, slice_
 from .lowering import Unsupported, aten, lowering, norm_dim
 
 _INDEX_DTYPES = ("i64", "i32")
@@ -98,11 +98,11 @@ def _slice_scatter(b, x, src, dim=0, start=None, end=None, step=1):
     nd = x.type.ndim
     dim = norm_dim(dim, nd)
     size = x.type.shape[dim]
-    start, end, _ = slice(start, end).indices(size)
+    start, end = bounds(start, end, size)  # Python's slice.indices, symbolic sizes too
     src = b.cast(src, x.type.dtype)
     if step == 1:
-        parts = [slice_(b, x, dim, 0, start), src, slice_(b, x, dim, max(end, start), size)]
-        parts = [p for p in parts if p.type.shape[dim] > 0]
+        parts = [slice_(b, x, dim, 0, start), src, slice_(b, x, dim, end, size)]
+        parts = [p for p in parts if not (isinstance(p.type.shape[dim], int) and p.type.shape[dim] == 0)]
         return parts[0] if len(parts) == 1 else b.emit("cat", *parts, dim=dim)
     count = src.type.shape[dim]
     rel = b.emit("iota", shape=(size,), dim=0, start=-start, step=1, dtype="i64")        # i - start

@@ -22,8 +22,9 @@ _IGNORED_BY_INFER = ("guard", "where")  # a kernel's own notes on an op: its che
 
 
 def _size(x) -> bool:
-    """An extent or element count: an int >= 0, or a symbolic size (ir/sym.py) that is >= 0."""
-    return isinstance(x, (int, sym.Sym)) and not isinstance(x, bool) and sym.known(x, ">=", 0)
+    """An extent or element count: an int >= 0, or a symbolic size (ir/sym.py) not surely negative
+    (the ranges alone cannot see the guards a slice was decided under: T - 1 after 1 <= T)."""
+    return isinstance(x, (int, sym.Sym)) and not isinstance(x, bool) and not sym.known(x, "<", 0)
 
 
 class KernelChecker:

@@ -438,3 +438,20 @@ def test_where_no_symbolic_program_can_be_built_each_size_gets_a_static_one():
     assert len(programs) == 4 and all(p.startswith("static") for p in programs)
     assert "no program over varying sizes" in programs[1] and "data-dependent" in programs[1]
     assert not compiled.report().eager
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_the_backward_of_slices_over_a_symbolic_dimension_lowers_without_externs(backend):
+    """A slice's backward is a slice_scatter at the slice's bounds, symbolic here: it lowered
+    through Python's slice.indices (a TypeError on a symbolic size) and ran as an extern."""
+    fns = [lambda x: (x[:, : x.shape[1] // 2] * 2).sum(), lambda x: (x[:, 1:] ** 2).sum(),
+           lambda x: x[:, 1: x.shape[1] - 1].sin().sum(), lambda x: (x[:, ::2] * 3).sum()]
+    for fn in fns:
+        compiled = minicomp.compile(fn, backend=backend)
+        for n in (6, 7, 9):
+            x = torch.randn(5, n, requires_grad=True)
+            xe = x.detach().clone().requires_grad_()
+            compiled(x).backward()
+            fn(xe).backward()
+            torch.testing.assert_close(x.grad, xe.grad)
+        assert not [e for g in compiled.report().graphs for e in g.externs if "slice_scatter" in e]

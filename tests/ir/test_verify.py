@@ -181,3 +181,26 @@ def test_interpret_a_parsed_graph_matches_torch():
     x, y = torch.randn(4), torch.rand(4) * 0.3
     p = torch.softmax(x * y, 0)
     torch.testing.assert_close(interpret(g, x, y)[0], torch.where(p > y, float("-inf"), p))
+
+
+def test_a_symbolic_size_is_refused_only_when_surely_negative():
+    """T - 1 (x[:, 1:] over a symbolic T, decided under the guard 1 <= T, which the ranges do not
+    hold) verifies; a size no T makes non-negative does not."""
+    ok = parse(textwrap.dedent("""\
+        graph g(%x: f32[4,s0]) -> (f32[4,s0-1]) {
+          sizes s0 in 0.. hint 6
+          %0: f32[4,s0-1] = slice %x [dim=1, start=1, end=size("s0"), step=1]
+          %1: f32[4,s0-1] = mul %0 %0
+          return %1
+        }
+        """))
+    verify(ok)
+    bad = parse(textwrap.dedent("""\
+        graph g(%x: f32[4,s0]) -> (f32[4,-s0-1]) {
+          sizes s0 in 0.. hint 6
+          %0: f32[4,-s0-1] = reshape %x [shape=(4, size("-s0-1"))]
+          return %0
+        }
+        """))
+    with pytest.raises(VerifyError):
+        verify(bad)
