@@ -93,11 +93,12 @@ _PROGRAM_IDS = itertools.count(1)
 _MARKS = ("_dynamo_weak_dynamic_indices", "_has_dynamo_dim_marking")  # what maybe_mark_dynamic sets
 
 
-def _mark_dynamic(tensors, dims) -> list:
-    """Mark dims (input position, dim) dynamic for this compile (Dynamo's maybe_mark_dynamic);
-    returns each marked tensor with the marks it had before, for _unmark."""
+def _mark_dynamic(inputs, dims) -> list:
+    """Mark dims (input position, dim) of `inputs` dynamic for this compile (Dynamo's
+    maybe_mark_dynamic); returns each marked tensor with the marks it had before, for _unmark."""
     before = {}
-    for t, (_, d) in zip(tensors, dims):
+    for i, d in dims:
+        t = inputs[i]
         if id(t) not in before:
             before[id(t)] = (t, {a: getattr(t, a) for a in _MARKS if hasattr(t, a)})
             if hasattr(t, _MARKS[0]):
@@ -343,7 +344,7 @@ class CompiledModule:
         program = torch.compile(entry, backend=backend, **_ISOLATE)
         before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs) + len(self._report.eager)
         inputs = _inputs(args, kwargs)
-        marked = _mark_dynamic([inputs[i] for i, _ in dims], dims)
+        marked = _mark_dynamic(inputs, dims)
         try:
             with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True), \
                     torch.fx.experimental._config.patch(backed_size_oblivious=bool(dims)):

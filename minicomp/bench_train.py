@@ -99,10 +99,9 @@ def inductor_kernel_time_per_step(model, inputs, target, reps: int) -> float | N
     its C++ kernels (its own cpp.enable_kernel_profile), under torch.profiler. What is left of
     Inductor's step -- torch's matmuls and optimizer, Dynamo, AOTAutograd and autograd -- is what a
     compiler whose kernels cost nothing would still spend; None where it cannot be measured."""
+    import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
     from torch.profiler import ProfilerActivity, profile
-
-    import torch._functorch.config as functorch_config
 
     model = copy.deepcopy(model)
     torch._dynamo.reset()  # compiled afresh: Dynamo's entry for this forward, or a cached compile of

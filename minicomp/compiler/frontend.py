@@ -27,6 +27,9 @@ from .lowering import LOWERINGS, Builder, Unsupported
 from .output_layout import in_eager_layout
 
 log = logging.getLogger("minicomp")
+# an IR value is a logical tensor (a clone before it may be gone): an extern view runs as reshape
+_AS_EXTERN = {torch.ops.aten.view.default: torch.ops.aten.reshape.default,
+              torch.ops.aten._unsafe_view.default: torch.ops.aten.reshape.default}
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -267,10 +270,7 @@ class Lowerer:
         if typ is None:
             raise MinicompError(f"{node.target} returns {type(val).__name__}, which minicomp cannot hold\n"
                                 f"  at {self.b.meta['source']}")
-        # an IR value is a logical tensor (a clone before it is gone): view's stride rule is reshape's
-        target = {torch.ops.aten.view.default: torch.ops.aten.reshape.default,
-                  torch.ops.aten._unsafe_view.default: torch.ops.aten.reshape.default}.get(node.target, node.target)
-        attrs = {"target": str(target), "args": ext_args}
+        attrs = {"target": str(_AS_EXTERN.get(node.target, node.target)), "args": ext_args}
         if ext_kwargs:
             attrs["kwargs"] = ext_kwargs
         ext = Node("extern", refs, attrs, typ, meta=dict(self.b.meta, reason=reason))

@@ -24,6 +24,7 @@ from ..ir import Node
 USER_OUTPUTS = "minicomp_user_outputs"  # GraphModule.meta key: how many of a training forward's
                                         # outputs AOTAutograd hands back (the rest are saved values)
 
+
 def laid_out(kind: str, gm) -> int | None:
     """How many of the first outputs of a graph of `kind` take eager's layout (None: all): an
     inference graph's all, a training forward's own (what our partition saves for the backward stays

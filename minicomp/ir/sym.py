@@ -494,11 +494,10 @@ def _floor_relaxed(x: Sym) -> tuple:
         divs = [a for a in m if isinstance(a, Opaque) and a.kind == "div" and isinstance(a.d, int) and a.d > 0]
         if len(divs) != 1:
             return None
-        rest = 1
-        for a in m:
-            if a is not divs[0]:
-                rest = mul(rest, Sym(0, (((a,), 1),)) if not isinstance(a, str) else symbol(a))
-        return (divs[0], rest) if bounds(rest)[0] is not None and bounds(rest)[0] >= 0 else None
+        others = tuple(a for a in m if a is not divs[0])
+        rest = _make(0, ((others, 1),)) if others else 1
+        lo = bounds(rest)[0]
+        return (divs[0], rest) if lo is not None and lo >= 0 else None
     parts = [(split(m), m, c) for m, c in x.terms]
     if not any(p for p, _, _ in parts):
         return None, None
@@ -529,11 +528,11 @@ def _settle(a: Int, op: str, b: Int) -> Optional[bool]:
         return OPS[op](diff, 0)
     lo, hi = bounds(diff)
     if (lo is None or lo <= 0) and (hi is None or hi >= 0):  # the signs are open: try the floor relaxation
-        rlo, rhi = _floor_relaxed(diff)
-        lo = 0 if rlo is not None and rlo >= 0 and (lo is None or lo < 0) else lo
-        lo = 1 if rlo is not None and rlo > 0 else lo
-        hi = 0 if rhi is not None and rhi <= 0 and (hi is None or hi > 0) else hi
-        hi = -1 if rhi is not None and rhi < 0 else hi
+        rlo, rhi = _floor_relaxed(diff)  # bounds of D*diff, D > 0: only their signs carry over
+        if rlo is not None and rlo >= 0:
+            lo = max(lo if lo is not None else 0, int(rlo > 0))
+        if rhi is not None and rhi <= 0:
+            hi = min(hi if hi is not None else 0, -int(rhi < 0))
     pos = lo is not None and lo > 0
     neg = hi is not None and hi < 0
     nonneg = lo is not None and lo >= 0
