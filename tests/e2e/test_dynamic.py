@@ -455,3 +455,20 @@ def test_the_backward_of_slices_over_a_symbolic_dimension_lowers_without_externs
             fn(xe).backward()
             torch.testing.assert_close(x.grad, xe.grad)
         assert not [e for g in compiled.report().graphs for e in g.externs if "slice_scatter" in e]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_a_slice_torch_sizes_under_its_own_guard_runs_in_torch_without_an_internal_warning(backend, caplog):
+    """x[T//2 : T//2*2]: our length is T//2, torch's trace says T - T//2 under its guard that T is
+    even. The two agree at the call's sizes but are not provably equal: the slice runs in torch, and
+    that is no lowering bug to warn about."""
+    def fn(x):
+        t = x.shape[0]
+        return x[t // 2: t // 2 * 2] * 2
+    compiled = minicomp.compile(fn, backend=backend, dynamic=True)
+    with caplog.at_level("INFO", logger="minicomp"):
+        for n in (6, 7, 9, 10):
+            x = torch.randn(n, 3)
+            torch.testing.assert_close(compiled(x), fn(x))
+    assert not [r for r in caplog.records if "internal" in r.getMessage()]
+    assert any("not provably equal" in r.getMessage() for r in caplog.records)
