@@ -5,6 +5,7 @@ operand dtype for comparisons), then emit one IR op. Python scalars become 0-d `
 """
 from __future__ import annotations
 
+from ..ir import Node
 from ..ir.types import FLOATS
 from .lowering import Unsupported, aten, compute_dtype, lowering, result_dtype
 
@@ -76,19 +77,27 @@ for _t, _op in _COMPARE.items():
     lowering(_t)(_compare(_op))
 
 
+def _any_bool(*args) -> bool:
+    return any(isinstance(a, bool) or isinstance(a, Node) and a.type.dtype == "b8" for a in args)
+
+
 @lowering(aten.add, aten.sub)
 def _add_sub(b, x, y, alpha=1):
     dt = b.out_dtype
+    op = "add" if b.target_name.startswith("aten.add") else "sub"
+    if op == "sub" and _any_bool(x, y):
+        raise Unsupported("subtraction with a bool operand (torch raises)")
     y = b.tensor(y, dt)
     if alpha != 1:
         y = b.emit("mul", y, b.full(alpha, dt))
-    op = "add" if b.target_name.startswith("aten.add") else "sub"
     return b.emit(_BOOL_ARITH.get(op, op) if dt == "b8" else op, b.tensor(x, dt), y)
 
 
 @lowering(aten.rsub)
 def _rsub(b, x, y, alpha=1):
     dt = b.out_dtype
+    if _any_bool(x, y):
+        raise Unsupported("subtraction with a bool operand (torch raises)")
     x = b.tensor(x, dt)
     if alpha != 1:
         x = b.emit("mul", x, b.full(alpha, dt))
@@ -107,14 +116,24 @@ def _floor_divide(b, x, y):
     return b.emit("div_floor", b.tensor(x, b.out_dtype), b.tensor(y, b.out_dtype))
 
 
+# a Python-number exponent eager computes with another function (its pow_tensor_scalar kernel):
+# they differ from pow at the edges, e.g. (-inf) ** 0.5 is NaN through sqrt and +inf through pow
+_POW_AS = {0.5: "sqrt", -0.5: "rsqrt"}
+
+
 @lowering(aten.pow)
 def _pow(b, x, y):
     dt = b.out_dtype
-    if y == 2 and not isinstance(y, bool) and not hasattr(y, "op"):
+    number = isinstance(y, (int, float)) and not isinstance(y, bool)
+    if number and isinstance(x, Node) and x.type.dtype not in FLOATS and isinstance(y, int) and y < 0:
+        raise Unsupported("integers to negative integer powers (torch raises)")
+    if number and y == 2:
         xt = b.tensor(x, dt)
         return b.emit("mul", xt, xt)
-    if y == 1 and not hasattr(y, "op"):
+    if number and y == 1:
         return b.tensor(x, dt)
+    if number and y in _POW_AS and dt in FLOATS:
+        return b.emit(_POW_AS[y], b.tensor(x, dt))
     return b.emit("pow", b.tensor(x, dt), b.tensor(y, dt))
 
 
