@@ -136,7 +136,7 @@ def _div_trunc(g, a, adt, at):
     x, y = a
     if adt in FLOATS:  # torch rounds an f16/bf16 quotient to its dtype before truncating it
         return f"{fn('trunc', adt)}({round_to(adt, f'{x} / {y}')})"
-    return f"({x} / mc_safe({y}))"
+    return f"mc_idiv({x}, {y})"
 
 
 def _pow(g, a, adt, at):
@@ -214,7 +214,7 @@ LOWER = {
     "div_floor": lambda g, a, adt, at: (f"({a[0]} / mc_safe({a[1]}))" if adt in UNSIGNED
                                         else f"mc_div_floor({a[0]}, {a[1]})"),
     "fmod": lambda g, a, adt, at: (f"{fn('fmod', adt)}({a[0]}, {a[1]})" if adt in FLOATS
-                                   else f"({a[0]} % mc_safe({a[1]}))"),
+                                   else f"mc_irem({a[0]}, {a[1]})"),
     "remainder": lambda g, a, adt, at: (f"({a[0]} % mc_safe({a[1]}))" if adt in UNSIGNED
                                         else f"mc_remainder({a[0]}, {a[1]})"),
     "pow": _pow, "atan2": _math2("atan2"), "maximum": _minmax("max", ">"), "minimum": _minmax("min", "<"),

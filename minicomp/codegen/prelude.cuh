@@ -62,10 +62,17 @@ MC_FN long long mc_f2i64(double x) {
 
 // integer division by zero: torch raises (CPU) or returns garbage (GPU); dividing by 1 cannot trap
 template <class T> MC_FN T mc_safe(T y) { return y == 0 ? (T)1 : y; }
+// the most negative value / -1 overflows: a GPU wraps, x86 traps (cuda_emu would die of SIGFPE), torch
+// gives the wrapped quotient and remainder 0. By -1, signed division negates with wraparound.
+template <class T> MC_FN bool mc_by_minus1(T y) { return (T)-1 < (T)0 && y == (T)-1; }
+template <class T> MC_FN T mc_idiv(T x, T y) {
+  return mc_by_minus1(y) ? (T)(0ULL - (unsigned long long)x) : x / mc_safe(y);
+}
+template <class T> MC_FN T mc_irem(T x, T y) { return mc_by_minus1(y) ? (T)0 : x % mc_safe(y); }
 
 template <class T> MC_FN T mc_div_floor(T x, T y) {  // signed integers
   y = mc_safe(y);
-  T q = x / y, r = x % y;
+  T q = mc_idiv(x, y), r = mc_irem(x, y);
   return (r != 0 && ((r < 0) != (y < 0))) ? q - 1 : q;
 }
 // torch's floor division of floats: through fmod, exact where floor(x / y) rounds the quotient first
@@ -84,7 +91,7 @@ MC_DIV_FLOOR_FLOAT(double, )
 
 template <class T> MC_FN T mc_remainder(T x, T y) {  // sign of the divisor
   y = mc_safe(y);
-  T m = x % y;
+  T m = mc_irem(x, y);
   return (m != 0 && ((m < 0) != (y < 0))) ? m + y : m;
 }
 MC_FN float mc_remainder(float x, float y) {

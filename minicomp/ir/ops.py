@@ -62,6 +62,15 @@ def _unary(name, ref, kinds="any", out_dtype=None, cost=1.0, attrs=()):
     _add(name, "pointwise", infer, lambda xs, a, d: ref(xs[0], **a), _elementwise_flops(cost), 1, attrs, cost)
 
 
+def _div_trunc(x, y):
+    """torch's trunc division, except that integers by -1 negate (wrapping): eager's own integer
+    path traps (SIGFPE) on the most negative value / -1, where its floor division wraps."""
+    if x.dtype.is_floating_point or not x.dtype.is_signed:
+        return torch.div(x, y, rounding_mode="trunc")
+    by_minus1 = y == -1
+    return torch.where(by_minus1, -x, torch.div(x, torch.where(by_minus1, torch.ones_like(y), y), rounding_mode="trunc"))
+
+
 def _binary(name, ref, kinds="any", out_dtype=None, cost=1.0):
     def infer(ts, a):
         x, y = ts
@@ -110,7 +119,7 @@ for _n, _f in (("add", torch.add), ("sub", torch.sub), ("mul", torch.mul), ("max
     _binary(_n, _f, "num")
 _binary("div", torch.div, "float", cost=2.0)
 _binary("div_floor", lambda x, y: torch.div(x, y, rounding_mode="floor"), "num", cost=2.0)
-_binary("div_trunc", lambda x, y: torch.div(x, y, rounding_mode="trunc"), "num", cost=2.0)
+_binary("div_trunc", lambda x, y: _div_trunc(x, y), "num", cost=2.0)
 _binary("pow", torch.pow, "num", cost=16.0)
 _binary("atan2", torch.atan2, "float", cost=16.0)
 for _n in ("bitwise_and", "bitwise_or", "bitwise_xor"):
