@@ -370,3 +370,53 @@ def test_a_chain_of_hundreds_of_ops_splits_into_kernels(backend_name):
             y = torch.sin(y) * xs[(i + 1) % len(xs)] if i % 2 else y + xs[(i + 1) % len(xs)]
         return y
     assert_matches_eager(mixing, *[torch.randn(4, 8) for _ in range(26)], backend=backend_name)
+
+
+@pytest.mark.parametrize("be", ["interpret", "cpu", "cuda_emu"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_the_most_negative_integer_divided_by_minus_one(be, dtype):
+    """INT_MIN // -1 overflows: torch gives the wrapped quotient (INT_MIN) and remainder 0; x86's
+    division traps, which killed a cuda_emu process with SIGFPE."""
+    import minicomp
+    lo = torch.iinfo(dtype).min
+    x = torch.tensor([lo, 7, -7, 5, lo], dtype=dtype)
+    y = torch.tensor([-1, -1, 2, -3, 3], dtype=dtype)
+
+    def f(x, y):
+        return x // y, x % y, torch.fmod(x, y), torch.remainder(x, y)
+    assert_matches_eager(f, x, y, backend=be)
+    trunc = minicomp.compile(lambda x, y: torch.div(x, y, rounding_mode="trunc"), backend=be)(x, y)
+    assert trunc.tolist() == [lo, -7, -3, -1, -(-lo // 3)]  # eager's own trunc division traps here
+
+
+def test_pow_by_a_number_computes_as_eager(backend):
+    """A Python-number exponent: eager takes 0.5 and -0.5 as sqrt and rsqrt, whose values at -inf
+    and -0 differ from pow's ((-inf) ** 0.5 is NaN, not inf); other exponents are pow."""
+    x = torch.tensor([float("-inf"), -4.0, -0.0, 0.0, 0.25, 4.0, float("inf"), float("nan")])
+
+    def f(x):
+        return x ** 0.5, torch.pow(x, -0.5), x ** 2, x ** 1, x ** 3, x ** -1, x ** -2, x ** 1.5, x ** 0
+    assert_matches_eager(f, x, backend=backend)
+    assert_matches_eager(lambda a: (a ** 2, a ** 0.5, a ** 3), torch.tensor([-3, 0, 5]), backend=backend)
+
+
+def test_pow_by_a_number_computes_as_eager_on_cuda_emu():
+    x = torch.tensor([float("-inf"), -4.0, -0.0, 0.25, 4.0, float("inf"), float("nan")])
+    assert_matches_eager(lambda x: (x ** 0.5, x ** -0.5, x ** 1.5), x, backend="cuda_emu")
+
+
+INVALID = {  # operands eager refuses: minicomp's kernels must not quietly compute something
+    "bool minus a number": (lambda m: m - 0, torch.tensor([True, False]), "Subtraction"),
+    "a number minus a bool": (lambda m: 1 - m, torch.tensor([True, False]), "Subtraction"),
+    "integer to a negative power": (lambda a: a ** -1, torch.tensor([1, 2, -1]), "negative integer powers"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INVALID))
+def test_operands_eager_refuses_raise_its_error(name, backend):
+    import minicomp
+    fn, x, msg = INVALID[name]
+    with pytest.raises(RuntimeError, match=msg):
+        fn(x)
+    with pytest.raises(RuntimeError, match=msg):
+        minicomp.compile(fn, backend=backend)(x)
