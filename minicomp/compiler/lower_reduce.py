@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from ..ir import dtype_name
-from ..ir.sym import is_sym, known
+from ..ir.sym import decide, is_sym, known
 from .lower_nn import fold_batch_norm
 from .lowering import Unsupported, aten, compute_dtype, lowering, norm_dim, norm_dims
 
@@ -37,9 +37,20 @@ def _mean(b, x, dims=None, keepdim=False, dtype=None):
     return b.cast(b.emit("div", s, b.full(_count(x, dims), acc)), b.out_dtype)
 
 
+def _nonempty(x, dims) -> None:
+    """max, min and their arg- forms have no value over an empty dimension (torch raises): a symbolic
+    one is guarded non-empty here, so a call of size 0 runs in torch and gets torch's error."""
+    for d in dims:
+        size = x.type.shape[d]
+        if is_sym(size) and not known(size, ">=", 1):
+            decide(size, ">=", 1)
+
+
 def _minmax(op):
     def lower(b, x, dims=None, keepdim=False):
-        return b.emit(op, x, dims=norm_dims(dims, x.type.ndim), keepdim=keepdim)
+        dims = norm_dims(dims, x.type.ndim)
+        _nonempty(x, dims if dims else range(x.type.ndim))
+        return b.emit(op, x, dims=dims, keepdim=keepdim)
     return lower
 
 
@@ -55,6 +66,7 @@ def _max_dim(b, x, dim, keepdim=False):
     if x.type.ndim == 0:
         return x, b.full(0, "i64")
     is_max = b.target_name.startswith("aten.max")
+    _nonempty(x, (dim,))
     values = b.emit("amax" if is_max else "amin", x, dims=(dim,), keepdim=keepdim)
     # torch's argmax takes no bools; as bytes they order the same
     index_of = b.cast(x, "u8") if x.type.dtype == "b8" else x
@@ -66,6 +78,7 @@ def _argmax(b, x, dim=None, keepdim=False):
     op = "argmax" if b.target_name.startswith("aten.argmax") else "argmin"
     if x.type.ndim == 0:
         return b.full(0, "i64")
+    _nonempty(x, range(x.type.ndim) if dim is None else (norm_dim(dim, x.type.ndim),))
     if dim is None:
         flat = b.reshape(x, (x.type.numel,))
         out = b.emit(op, flat, dim=0, keepdim=False)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import collections
 import threading
 
+from ..errors import SizesOutsideProgram
+
 
 class SizedProgram:
     """`where`: for each symbol, (input position, dimension) it is read from; `make(values)`: the
@@ -57,8 +59,7 @@ class SizedProgram:
                     values = dict(zip(self.names, key))
                     failed = [str(g) for g in self.guards if not g.check(values)]
                     if failed:
-                        raise RuntimeError(f"minicomp: sizes {values} break what this program was compiled for: "
-                                           f"{'; '.join(failed)} (recompile with these sizes, or dynamic=False)")
+                        raise SizesOutsideProgram(values, failed)
                     prog = self.make(values)
                     hit = self.instances[key] = (prog, prog if self.wrap is None else self.wrap(prog))
                     self.built += 1

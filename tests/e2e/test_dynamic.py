@@ -472,3 +472,34 @@ def test_a_slice_torch_sizes_under_its_own_guard_runs_in_torch_without_an_intern
             torch.testing.assert_close(compiled(x), fn(x))
     assert not [r for r in caplog.records if "internal" in r.getMessage()]
     assert any("not provably equal" in r.getMessage() for r in caplog.records)
+
+
+SIZE_ZERO = {  # ops whose symbolic program guards its size non-zero, where Dynamo does not
+    "cat_sum": lambda x, y: torch.cat([x, y]).sum(0),
+    "tail": lambda x, y: x[1:] * 2 + y.sum(),
+    "max_dim": lambda x, y: x.max(0).values + y[0],
+    "argmin": lambda x, y: x.argmin(0),
+    "amax_all": lambda x, y: x.amax() + y.sum(),
+}
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+@pytest.mark.parametrize("name", sorted(SIZE_ZERO))
+def test_size_zero_after_a_symbolic_program_runs_or_raises_as_eager(name, backend, caplog):
+    """Dynamo reasons about sizes as if they were at least 2, so a guard of minicomp's like
+    `s0 > 0` is not one Dynamo checks: a call of size 0 reaches the symbolic program. It runs the
+    graph in torch then (right values, or torch's own error where eager raises), and says so once."""
+    fn = SIZE_ZERO[name]
+    compiled = minicomp.compile(fn, backend=backend)
+    for n in (3, 5, 0, 4):
+        x, y = torch.randn(n, 3), torch.randn(2, 3)
+        try:
+            want = fn(x, y)
+        except (IndexError, RuntimeError) as e:
+            with pytest.raises(type(e), match=re.escape(str(e).split(".")[0])):
+                compiled(x, y)
+            continue
+        got = compiled(x, y)
+        torch.testing.assert_close(got, want)
+    assert len(_graphs(compiled)) == 2  # the static first call, then one symbolic program: no third
+    assert sum("run the graph in torch" in e for e in compiled.report().eager) == 1
