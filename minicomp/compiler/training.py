@@ -32,6 +32,7 @@ from .frontend import Lowerer
 from .output_layout import USER_OUTPUTS
 from .passes import partition
 from .passes.fusion_order import fusion_order
+from .pipeline import gc_paused
 from .schedule import runs_in_torch
 from .sizes import size_env, symbolic
 
@@ -217,7 +218,7 @@ def make_partition(options: Options, report: Report, kernel_ops_for):
             try:
                 guards: list = []
                 env, sizes = size_env(_flat(joint_inputs), guards) if symbolic(_flat(joint_inputs)) else (None, {})
-                with sym.using(env) if env is not None else contextlib.nullcontext():
+                with sym.using(env) if env is not None else contextlib.nullcontext(), gc_paused():
                     return run(joint, num_fwd_outputs, options, report, kernel_ops_for(joint_inputs),
                                _static_nodes(joint, static_lifetime_input_indices), sizes)
             except MinicompError as e:
