@@ -17,14 +17,14 @@ def code(text: str):
     return new_code_cell(dedent(text).strip("\n"))
 
 
-SETUP = """
+SETUP_TEMPLATE = """
     import os
 
     import matplotlib.pyplot as plt
     import torch
 
     import minicomp
-    from minicomp.timing import set_threads, time_interleaved
+    from minicomp.timing import {timing}
 
     QUICK = os.environ.get("MINICOMP_QUICK") == "1"  # small sizes, few repetitions
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -35,6 +35,13 @@ SETUP = """
     print("device:", device, "| quick:", QUICK)
 """
 
+
+
+def setup(timing: str = "set_threads, time_interleaved") -> str:
+    """The first code cell; `timing`: what it imports from minicomp.timing (only what the notebook uses)."""
+    return SETUP_TEMPLATE.replace("{timing}", timing)
+
+
 COS_COS = [
     md("""
         # Fusion: `cos(cos(x))`
@@ -44,7 +51,7 @@ COS_COS = [
         result once. `minicomp.explain()` compiles the function, runs it, and counts the bytes each
         side moves; this notebook plots its figures and times eager, minicomp and `torch.compile`.
     """),
-    code(SETUP),
+    code(setup()),
     code("""
         def f(x):
             return torch.cos(torch.cos(x))
@@ -117,7 +124,7 @@ NORMS_SOFTMAX = [
         `minicomp.roofline.get` and handed to each `explain()`; `get(backend, refresh=True)` measures
         it again, as a busy machine can make a cached one wrong.
     """),
-    code(SETUP),
+    code(setup("set_threads")),
     code("""
         import torch.nn.functional as F
 
@@ -200,7 +207,7 @@ OVERHEAD = [
         program minicomp built for the whole chain. This notebook times chains of a few to many ops
         per call, eager against compiled (and on a GPU, compiled with and without CUDA Graph replay).
     """),
-    code(SETUP),
+    code(setup()),
     code("""
         import numpy as np
 

@@ -1,6 +1,6 @@
 """Cells of the model-level sample notebooks: a GPT-style block (speed, explain(), the IR dump, one
 kernel's source) and training with rematerialization. make_notebooks.py turns them into notebooks."""
-from cells_kernels import SETUP, code, md
+from cells_kernels import code, md, setup
 
 GPT_BLOCK = [
     md("""
@@ -11,7 +11,7 @@ GPT_BLOCK = [
         `explain()` table and roofline, the IR minicomp's passes produce (the `debug` flag), and the
         code generated for one kernel.
     """),
-    code(SETUP),
+    code(setup()),
     code("""
         from IPython.display import Image, display
 
@@ -117,7 +117,7 @@ TRAINING_REMAT = [
         default); `remat=False` keeps every forward value the backward uses. This notebook compares
         the two: activation bytes kept between forward and backward, and the time of a training step.
     """),
-    code(SETUP),
+    code(setup()),
     code("""
         import copy
 
