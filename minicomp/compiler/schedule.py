@@ -302,7 +302,7 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
 
     def need(node: Node, reason: str, allow_view: bool, transposable: bool = False):
         chain, base = [], node
-        while allow_view and base.op in VIEW_OPS:
+        while allow_view and base.op in VIEW_OPS and base not in M:  # a stored view is read as stored
             chain.append(base)
             base = base.args[0]
         if chain and view_copies(chain, base, kernel_ops):

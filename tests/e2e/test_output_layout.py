@@ -78,3 +78,27 @@ def test_a_channels_last_conv_net_in_inference_keeps_channels_last():
         got, want = minicomp.compile(net, backend="cpu")(x), net(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert got.stride() == want.stride() and got.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("gqa", [True, False])
+def test_a_contiguous_output_that_a_torch_op_also_reads_is_contiguous(backend, gqa):
+    """v = (x @ w).view(...).transpose(1, 2).contiguous(), returned and passed to attention (HF
+    Llama's KV cache with grouped heads): the output is stored contiguous, and attention reads that
+    buffer. It came back as the transposed view of the matmul's result, so .view() of it raised."""
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    wq, wv = torch.randn(32, 64), torch.randn(32, 32 if gqa else 64)
+    heads_kv = 2 if gqa else 4
+
+    def f(x):
+        q = (x @ wq).view(2, 6, 4, 16).transpose(1, 2)
+        v = (x @ wv).view(2, 6, heads_kv, 16).transpose(1, 2).contiguous()
+        return F.scaled_dot_product_attention(q, v, v, enable_gqa=gqa), v
+    x = torch.randn(2, 6, 32)
+    with torch.no_grad():
+        want, got = f(x), minicomp.compile(f, backend=backend)(x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+        assert g.stride() == w.stride()
+    assert got[1].view(2, -1).shape == want[1].view(2, -1).shape
