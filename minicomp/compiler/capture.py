@@ -29,7 +29,7 @@ from ..report import GraphReport, Report
 from . import graph_cache
 from .debug import Dumper, Progress
 from .frontend import lower, size_positions, tensor_positions
-from .input_views import with_input_views
+from .input_views import input_views, share_bases, with_input_views
 from .output_layout import laid_out
 from .sizes import size_env as _size_env, symbolic as _symbolic
 from .pipeline import gc_paused, run_passes
@@ -157,6 +157,7 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
     ctx = make_context(options, name, backend, report)
     ctx.channels_last = kind == "inference" and "cuda" not in devices  # oneDNN's layout; cuDNN's is untried here
     progress = Progress(name)
+    hidden = 0  # outputs share_bases added
     if isinstance(cached, Built):
         graph, fx_nodes, externs, ctx.arena_bytes, ctx.remat_bytes_saved, ctx.artifacts = cached
         plain, hit = True, "memo"
@@ -165,12 +166,17 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
         size_outputs = {}
     else:
         if cached is None:
+            hidden = share_bases(gm) if kind == "inference" else 0
             ctx.dump.stage("fx", lambda: gm.print_readable(print_output=False), level=3)
             t_lower = time.perf_counter()
             graph, _ = lower(gm, name, options.strict, sizes, laid_out(kind, gm))
             ctx.phases_ms["lower"] = _ms(time.perf_counter() - t_lower)
             fx_nodes = len(gm.graph.nodes)
-            plain, hit = kind == "inference" and graph_cache.plain_wrapper(len(example_inputs)), None
+            # an output viewing another output is one AOTAutograd calls no alias, but its view is made
+            # from this graph's nodes (input_views.py): a cache hit brings Dynamo's graph, not this one
+            plain = (kind == "inference" and graph_cache.plain_wrapper(len(example_inputs)) and not hidden
+                     and not input_views(gm))
+            hit = None
             if cache_key is not None and plain:
                 graph_cache.store(cache_key, graph, fx_nodes)
         else:
@@ -212,7 +218,7 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
     run = _with_sizes(run, tensor_positions(gm), len(example_inputs), graph, size_outputs, size_positions(gm))
     if sizes:
         run = _outside_sizes_in_torch(run, gm, report, name)
-    run = with_input_views(run, gm, laid_out(kind, gm))
+    run = with_input_views(run, gm, laid_out(kind, gm), hidden)
 
     def boxed(args):
         out = run(*args)

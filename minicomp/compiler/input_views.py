@@ -11,15 +11,27 @@ So is an output that is a chain of views of another output (z and z.t(); an inpu
 x.mul_(2) and x[T // 2], which AOTAutograd rebuilds from x the same way): the view of the tensor the
 program returned for that output, sharing its memory as eager's do. An output whose chain passes
 through a clone is no view: the IR has no clones, and such an output keeps its own buffer.
+
+Outputs that view one value the graph does not return (y[1:] and y.t() of y = x * 2) share y's
+memory in eager too: y becomes an extra, last output of an inference graph (share_bases), each of
+them a view of it, and the call drops y again.
 """
 from __future__ import annotations
+
+import collections
+import operator
 
 import torch
 import torch.fx as fx
 
 
 def _is_view(n: fx.Node) -> bool:
-    return n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target.is_view
+    """A view op's result, or one of the views a split or unbind returns (getitem of it)."""
+    if n.op != "call_function":
+        return False
+    if n.target is operator.getitem:
+        return isinstance(n.args[0], fx.Node) and _is_view(n.args[0])
+    return isinstance(n.target, torch._ops.OpOverload) and n.target.is_view
 
 
 def _ancestors(o: fx.Node, leaf=None) -> list | None:
@@ -46,6 +58,25 @@ def _root(o: fx.Node) -> fx.Node:
     while _is_view(o):
         o = o.args[0]
     return o
+
+
+def share_bases(gm: fx.GraphModule) -> int:
+    """Append to `gm`'s outputs each value it does not return that two or more outputs are views
+    of; returns how many (with_input_views drops them from each call's outputs)."""
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(out_node.args[0])
+    count: collections.Counter = collections.Counter()
+    for o in outs:
+        if isinstance(o, fx.Node) and _is_view(o):
+            root = _root(o)
+            if (root.op != "placeholder" and root not in outs and isinstance(root.meta.get("val"), torch.Tensor)
+                    and _ancestors(o, leaf=root) is not None):
+                count[root] += 1
+    bases = [r for r, c in count.items() if c > 1]
+    if bases:
+        out_node.args = (type(out_node.args[0])(outs + bases),)
+        gm.recompile()
+    return len(bases)
 
 
 def input_views(gm: fx.GraphModule, limit=None) -> list:
@@ -77,16 +108,19 @@ def input_views(gm: fx.GraphModule, limit=None) -> list:
     return found
 
 
-def with_input_views(run, gm: fx.GraphModule, limit=None):
+def with_input_views(run, gm: fx.GraphModule, limit=None, hidden: int = 0):
     """`run` (the compiled graph's call, Dynamo's convention), with each output that is a view of an
-    input or of another output replaced by that view of the caller's tensor or of that output."""
+    input or of another output replaced by that view of the caller's tensor or of that output, and
+    the last `hidden` outputs (share_bases) dropped."""
     views = input_views(gm, limit)
-    if not views:
+    if not views and not hidden:
         return run
 
     def call(*args):
         out = list(run(*args))
         for i, base, view in views:
             out[i] = view(*args) if base is None else view(*args, out[base])
+        if hidden:
+            del out[-hidden:]
         return out
     return call

@@ -244,7 +244,31 @@ SHARING = {  # outputs that eager returns as separate tensors, or as one tensor 
     "same_sum_twice": lambda x: (x + 1, x + 1),
     "same_transpose_twice": lambda x: ((x * 2).t(), (x * 2).t()),
     "one_tensor_twice": lambda x: (lambda y: (y, y))(x + 1),
+    "two_views_of_a_value_not_returned": lambda x: (lambda y: (y[1:], y.t()))(x * 2),
+    "split_of_a_value_not_returned": lambda x: (x * 2).split(2),
+    "a_value_and_its_view": lambda x: (lambda y: (y, y[1:]))(x * 2),
 }
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_outputs_viewing_one_value_share_memory_in_every_compile(backend):
+    """y, y[1:], y.t() (and y[1:], y.t() without y) are views of one storage in eager: a write into
+    one shows in the others. A second compile of the same function takes the graph cache's path
+    (Dynamo's graph, not AOTAutograd's), where the views were lost."""
+    def f(x):
+        y = x * 2
+        return y, y[1:], y.t()
+
+    def g(x):
+        y = x * 2
+        return y[1:], y.t()
+    for fn in (f, g, f, g):
+        out = minicomp.compile(fn, backend=backend)(torch.ones(3, 2))
+        want = fn(torch.ones(3, 2))
+        out[-2][0, 0] = 77.0  # y[1, 0]
+        want[-2][0, 0] = 77.0
+        for a, b in zip(out, want):
+            assert torch.equal(a, b) and a.stride() == b.stride()
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
