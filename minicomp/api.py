@@ -11,7 +11,8 @@ report and logged, never silent.
 
 Sizes that change (dynamic="auto", the default): the first call compiles a static program; a later
 call whose signature differs from a compiled one only in some tensors' sizes compiles one program
-with exactly those dimensions symbolic (Dynamo's maybe_mark_dynamic; its ShapeEnv keeps the guards),
+with exactly those dimensions symbolic, except sizes 0 and 1, which torch specializes too (Dynamo's
+maybe_mark_dynamic; its ShapeEnv keeps the guards),
 which then serves every size of them -- the signature table keys it with those sizes left out.
 dynamic=True makes every dimension symbolic from the first call; dynamic=False compiles a program per
 signature, as Dynamo's static mode does.
@@ -233,10 +234,15 @@ def _describe(args, kwargs) -> str:
 
 
 def _short(reason: str) -> str:
-    """Dynamo's graph-break reasons run to a dozen lines; keep the first and the explanation."""
+    """Dynamo's graph-break reasons run to a dozen lines; keep the first and the explanation, or
+    where that is empty the developer context (what the op said: "argument 'is_causal' must be
+    bool, not SymBool")."""
     lines = [ln.strip() for ln in reason.strip().splitlines() if ln.strip()]
-    why = next((ln for ln in lines[1:] if ln.startswith("Explanation:")), "")
-    return f"{lines[0]} ({why[len('Explanation:'):].strip()})" if why else lines[0]
+    for label in ("Explanation:", "Developer debug context:"):
+        why = next((ln[len(label):].strip() for ln in lines[1:] if ln.startswith(label)), "")
+        if why:
+            return f"{lines[0]} ({why})"
+    return lines[0]
 
 
 class CompiledModule:
@@ -303,7 +309,9 @@ class CompiledModule:
         for other in self._programs:
             dims = _changed_dims(other, key)
             if dims:
-                return dims
+                # a size 0 or 1 stays static, as torch specializes it (a decode step's one token):
+                # a program traced at 1 keeps `T > 1` symbolic, which torch ops and Dynamo refuse
+                return frozenset((i, d) for i, d in dims if key[3 + i][0][d] > 1)
         return frozenset()
 
     def _note_limit(self, args, kwargs):

@@ -73,6 +73,8 @@ _RUNTIME_CHECKS = {torch.ops.aten._assert_async.msg, torch.ops.aten._assert_asyn
                    torch.ops.aten._assert_scalar.default, torch.ops.aten._assert_tensor_metadata.default}
 
 
+_COMPARE_OPS = {operator.gt: ">", operator.ge: ">=", operator.lt: "<", operator.le: "<=", operator.eq: "==",
+                operator.ne: "!="}  # SymBool comparisons of sizes
 _FLOAT_OPS = {operator.truediv: "/", operator.mul: "*", operator.add: "+", operator.sub: "-"}  # SymFloat arithmetic
 
 
@@ -169,7 +171,7 @@ class Lowerer:
                 self.env[node] = self.call(node)
             elif node.op == "output":
                 values = fx.node.map_arg(node.args[0], lambda a: self.env[a])
-                sized = (int, float, sym.Sym, sym_values.SizeFloat)
+                sized = (int, float, sym.Sym, sym_values.SizeFloat, sym_values.SizeBool)
                 outputs = [None if isinstance(o, sized) else self._fresh(fx_out, self._output(o))
                            for fx_out, o in zip(node.args[0], values)]
                 for i in range(len(outputs) if self.layout_outputs is None else self.layout_outputs):
@@ -203,9 +205,15 @@ class Lowerer:
             return o
         raise MinicompError(f"graph output {o!r} is not a tensor")
 
+    def _arg(self, a: fx.Node):
+        """An argument's value; a comparison of sizes (a graph output is its value at each call)
+        is decided at the hints, under a guard, where an op takes it."""
+        v = self.env[a]
+        return v.decided() if isinstance(v, sym_values.SizeBool) else v
+
     def call(self, node: fx.Node):
-        args = fx.node.map_arg(node.args, lambda a: self.env[a])
-        kwargs = fx.node.map_arg(node.kwargs, lambda a: self.env[a])
+        args = fx.node.map_arg(node.args, self._arg)
+        kwargs = fx.node.map_arg(node.kwargs, self._arg)
         if node.target is operator.getitem:
             src, idx = args
             if isinstance(src, Node):  # a multi-result extern
@@ -218,6 +226,12 @@ class Lowerer:
         b.meta = {"source": source_line(node), "fx": node.name}
         if isinstance(val, torch.SymInt):  # size arithmetic (sym_size, mul of sizes): its value is known
             return dim(val)
+        if isinstance(val, torch.SymBool):  # a comparison of sizes (`is_causal = T > 1`)
+            op = _COMPARE_OPS.get(node.target)
+            if op is not None and len(args) == 2 and all(isinstance(a, (int, sym.Sym)) for a in args):
+                return sym_values.SizeBool(op, *args)
+            raise MinicompError(f"{node.target} makes a bool from symbolic sizes ({val.node.expr}), which "
+                                f"minicomp cannot hold\n  at {b.meta['source']}")
         if isinstance(val, torch.SymFloat):  # a float of sizes: the ops given it run in torch
             op = _FLOAT_OPS.get(node.target)
             if op is not None and len(args) == 2 and all(isinstance(a, (int, float, sym.Sym, sym_values.SizeFloat))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .sym import Sym, evaluate, hint
+from .sym import OPS, Sym, decide, evaluate, hint
 
 class SizeFloat:
     """A float computed from sizes (batch norm's n / (n - 1), a mean's 1 / numel): `op` one of
@@ -23,6 +23,25 @@ class SizeFloat:
         def v(x):
             return x.value(values) if isinstance(x, SizeFloat) else float(evaluate(x, values)) if isinstance(x, Sym) else x
         return float(SizeFloat.OPS[self.op](v(self.a), v(self.b)))
+
+
+class SizeBool:
+    """A comparison of sizes (`T > 1`) a graph returns: its value at each call's sizes. An op given
+    one takes it decided at the hints, under a guard (sym.decide)."""
+    __slots__ = ("op", "a", "b")
+
+    def __init__(self, op: str, a, b):
+        self.op, self.a, self.b = op, a, b
+
+    def __repr__(self):
+        return f"({self.a} {self.op} {self.b})"
+
+    def value(self, values: dict) -> bool:
+        a, b = (evaluate(x, values) if isinstance(x, Sym) else x for x in (self.a, self.b))
+        return bool(OPS[self.op](a, b))
+
+    def decided(self) -> bool:
+        return decide(self.a, self.op, self.b)
 
 
 def as_symbol(x) -> Optional[str]:
@@ -63,7 +82,7 @@ def concrete(x, values: dict):
     """x (an attribute value: an int, Sym, SizeFloat, tuple, list or dict of them) at sizes `values`."""
     if isinstance(x, Sym):
         return evaluate(x, values)
-    if isinstance(x, SizeFloat):
+    if isinstance(x, (SizeFloat, SizeBool)):
         return x.value(values)
     if isinstance(x, tuple):
         return tuple(concrete(v, values) for v in x)

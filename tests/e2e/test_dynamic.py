@@ -503,3 +503,57 @@ def test_size_zero_after_a_symbolic_program_runs_or_raises_as_eager(name, backen
         torch.testing.assert_close(got, want)
     assert len(_graphs(compiled)) == 2  # the static first call, then one symbolic program: no third
     assert sum("run the graph in torch" in e for e in compiled.report().eager) == 1
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_a_comparison_of_sizes_given_to_attention_over_lengths(backend):
+    """`is_causal = T > 1 and mask is None` (HF's sdpa attention): a new length of 1 compiles static, as torch
+    specializes sizes 0 and 1 (traced at 1, the comparison stayed symbolic, which sdpa refused: a
+    graph break every decode step); other lengths share one symbolic program, where Dynamo decides
+    the comparison under its own guard."""
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    w = torch.randn(16, 16)
+
+    def f(x, mask=None):
+        q = (x @ w).view(x.shape[0], x.shape[1], 2, 8).transpose(1, 2)
+        is_causal = q.shape[2] > 1 and mask is None
+        return F.scaled_dot_product_attention(q, q, q, is_causal=is_causal).sum(1) * 2
+    compiled = minicomp.compile(f, backend=backend)
+    with torch.no_grad():
+        for t in (5, 1, 2, 3, 1, 7):
+            x = torch.randn(2, t, 16)
+            torch.testing.assert_close(compiled(x), f(x))
+    report = compiled.report()
+    assert report.eager == []
+    assert len(report.programs) == 3 and "symbolic" in report.programs[2]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_a_graph_returning_a_comparison_of_sizes(backend):
+    """A graph break after `big = x.shape[0] > 3` makes the comparison an output of the graph
+    before it: its value at each call's sizes, not at the sizes it was compiled for."""
+    def f(x):
+        big = x.shape[0] > 3
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1 if big else y - 1
+    compiled = minicomp.compile(f, backend=backend, dynamic=True)
+    for n in (2, 5, 3, 7, 1):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_a_graph_break_names_what_the_op_said():
+    """Dynamo's reason for passing a symbolic comparison to sdpa has an empty explanation; the
+    report gives the op's own words instead."""
+    import torch.nn.functional as F
+
+    def f(x):
+        q = x.view(x.shape[0], x.shape[1], 2, 8).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q, q, is_causal=q.shape[2] > 1) * 2
+    compiled = minicomp.compile(f, backend="cpu", dynamic=True)
+    for t in (3, 5):
+        x = torch.randn(2, t, 16)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert any("is_causal" in e and "SymBool" in e for e in compiled.report().eager)
