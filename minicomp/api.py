@@ -210,13 +210,14 @@ def _wild(key: tuple, dims: frozenset) -> tuple:
 
 def _why(key, dims, args, kwargs, dynamic) -> str:
     """A program's line in the report: what it was compiled for, and why it was needed."""
+    call = _describe(args, kwargs) + (" in eval mode" if key[2] is False else "") + ("" if key[1] else " under no_grad")
     if not dims:
-        return f"static, for the call {_describe(args, kwargs)}" + (" (dynamic=False)" if dynamic is False else "")
+        return f"static, for the call {call}" + (" (dynamic=False)" if dynamic is False else "")
     where = ", ".join(f"{'argument' if key[0] == 'tensors' else 'input'} {i} dim {d}" for i, d in sorted(dims))
     if key[0] != "tensors":
         where += " (inputs: the args, then the kwargs, flattened)"
     why = "dynamic=True" if dynamic is True else "its sizes differed from a compiled signature's only there"
-    return f"symbolic in {where} ({why}; first call {_describe(args, kwargs)})"
+    return f"symbolic in {where} ({why}; first call {call})"
 
 
 def _describe(args, kwargs) -> str:
@@ -231,6 +232,10 @@ def _describe(args, kwargs) -> str:
     parts = [one(x) for x in pytree.tree_leaves(args)] + [f"{k}={one(v)}" for k, v in kwargs.items()
                                                           if not isinstance(v, (list, tuple, dict))]
     return f"({', '.join(parts)})"
+
+
+# where Dynamo says a guard was made, when that is minicomp's own code handing it a decision (sizes.py)
+_OUR_GUARD = re.compile(r"\s*#\s*\([^()]*minicomp/compiler/sizes\.py:\d+ in on_guard\)")
 
 
 def _short(reason: str) -> str:
@@ -385,7 +390,7 @@ class CompiledModule:
         """What was compiled and why; Dynamo's own recompiles of a program (a guard it made failed
         for a later call, e.g. a model's `if length > 1`) are read from Dynamo at each request."""
         self._report.recompiles = [f"program {i} recompiled by Dynamo, a guard it made failed: "
-                                   + re.sub(r"^\d+/\d+: ", "", _short(str(r)))
+                                   + _OUR_GUARD.sub("  # a guard of minicomp's compile", re.sub(r"^\d+/\d+: ", "", _short(str(r))))
                                    for i, code in enumerate(self._codes, 1) for r in guard_failures.get(code, ())]
         return self._report
 

@@ -484,3 +484,18 @@ def test_compiling_and_calling_adds_nothing_to_the_users_module():
     for n in (2, 3, 5):  # static, then symbolic programs
         c(torch.randn(n, 4))
     assert set(vars(m)) == before
+
+
+def test_program_lines_name_the_mode_they_were_compiled_for():
+    """train() and eval(), grad on and off, are parts of a program's signature: the report's
+    program lines tell the programs apart."""
+    m = minicomp.compile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1)), backend="cpu")
+    x = torch.randn(2, 4)
+    m(x)
+    m.eval()
+    m(x)
+    with torch.no_grad():
+        m(x)
+    lines = m.report().programs
+    assert len(lines) == 3 and len(set(lines)) == 3
+    assert "eval mode" not in lines[0] and "in eval mode" in lines[1] and "under no_grad" in lines[2]
