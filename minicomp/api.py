@@ -23,26 +23,24 @@ import functools
 import inspect
 import itertools
 import logging
-import re
 import threading
 import types
 import weakref
 from typing import NamedTuple
 
 import torch
-import torch.utils._pytree as pytree
 from torch._dynamo.exc import BackendCompilerFailed
 from torch._dynamo.utils import counters, guard_failures
 
 from .compiler.capture import make_backend
 from .errors import MinicompError
-from .ir.types import DTYPE_NAMES
 from .options import Options
 from .report import Report
+from .signature import (call_signature, changed_dims, describe, flat_inputs, guard_failure,
+                        program_line, short_reason, wild)
 
 log = logging.getLogger("minicomp")
 
-_SCALARS = (bool, int, float, str, type(None))  # Dynamo specializes on their values (static tracing)
 # torch >= 2.13 can give a compiled callable a Dynamo cache of its own, resumed frames included;
 # older torch gets the fresh trampoline code object only (graph breaks inside shared code then
 # share Dynamo's recompile limit, and the report says when frames run eagerly).
@@ -58,7 +56,7 @@ except ImportError:
 class _Fast(NamedTuple):
     """The last tensors-only signature's program, checked without building its key: TensorGuards
     compares each tensor's dtype, device, dispatch keys (so autocast and inference mode too),
-    requires_grad, sizes and strides in C++, ~0.15 us where `_signature` takes ~0.9."""
+    requires_grad, sizes and strides in C++, ~0.15 us where `call_signature` takes ~0.9."""
     guards: object
     nargs: int
     grad: bool
@@ -129,127 +127,6 @@ def _trampoline(target):
     return types.FunctionType(code, run.__globals__, run.__name__, run.__defaults__, run.__closure__)
 
 
-def _all_tensors(args) -> bool:
-    for x in args:
-        if not isinstance(x, torch.Tensor):
-            return False
-    return True
-
-
-def _signature(model, args, kwargs) -> tuple:
-    """A call's key: (kind, grad mode, module training flag, one entry per input). A tensor's entry is
-    (shape, stride, dtype, device, requires_grad); kind "tensors" when every input is a positional
-    tensor, else ("tree", its pytree structure) with the inputs flattened (kwargs, lists, scalars:
-    a scalar's entry is its type and value, another object's its type)."""
-    training = model.training if isinstance(model, torch.nn.Module) else None
-    if not kwargs and _all_tensors(args):  # the common case, without pytree (this runs on every call)
-        return ("tensors", torch.is_grad_enabled(), training,
-                *[(x.shape, x.stride(), x.dtype, x.device, x.requires_grad) for x in args])
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    key = [("tree", str(spec)), torch.is_grad_enabled(), training]
-    for x in leaves:
-        if isinstance(x, torch.Tensor):
-            key.append((x.shape, x.stride(), x.dtype, x.device, x.requires_grad))
-        elif isinstance(x, _SCALARS):
-            key.append(("value", type(x), x))
-        else:
-            key.append(("type", type(x)))
-    return tuple(key)
-
-
-def _inputs(args, kwargs) -> list:
-    """The call's inputs in signature order (what the dimensions of a program's `dims` index)."""
-    if not kwargs and _all_tensors(args):
-        return list(args)
-    return pytree.tree_leaves((args, kwargs))
-
-
-def _is_tensor_entry(entry) -> bool:
-    return isinstance(entry[0], tuple)  # a shape; other entries start with "value" or "type"
-
-
-def _changed_dims(a: tuple, b: tuple):
-    """The (input, dimension) pairs where two signatures differ in size, when they differ in nothing
-    else (structure, scalars, dtypes, devices, ranks, grad mode, contiguity); else None."""
-    if a[0] == "dynamic" or b[0] == "dynamic" or len(a) != len(b) or a[:3] != b[:3]:
-        return None
-    dims = set()
-    for i, (x, y) in enumerate(zip(a[3:], b[3:])):
-        if not (_is_tensor_entry(x) and _is_tensor_entry(y)):
-            if x != y:
-                return None
-            continue
-        if x[2:] != y[2:] or len(x[0]) != len(y[0]):
-            return None
-        dims.update((i, d) for d, (p, q) in enumerate(zip(x[0], y[0])) if p != q)
-        if _contiguous(x) != _contiguous(y):
-            return None
-    return frozenset(dims) or None
-
-
-def _contiguous(entry) -> bool:
-    shape, stride = entry[0], entry[1]
-    want = 1
-    for s, st in reversed(list(zip(shape, stride))):
-        if s != 1 and st != want:
-            return False
-        want *= s
-    return True
-
-
-def _wild(key: tuple, dims: frozenset) -> tuple:
-    """A signature with the sizes of `dims` (and those tensors' strides) left out."""
-    out = list(key[:3])
-    for i, entry in enumerate(key[3:]):
-        if _is_tensor_entry(entry) and any(a == i for a, _ in dims):
-            shape, stride, *rest = entry
-            entry = (tuple(None if (i, d) in dims else s for d, s in enumerate(shape)), _contiguous(entry), *rest)
-        out.append(entry)
-    return ("dynamic", frozenset(dims), *out)
-
-
-def _why(key, dims, args, kwargs, dynamic) -> str:
-    """A program's line in the report: what it was compiled for, and why it was needed."""
-    call = _describe(args, kwargs) + (" in eval mode" if key[2] is False else "") + ("" if key[1] else " under no_grad")
-    if not dims:
-        return f"static, for the call {call}" + (" (dynamic=False)" if dynamic is False else "")
-    where = ", ".join(f"{'argument' if key[0] == 'tensors' else 'input'} {i} dim {d}" for i, d in sorted(dims))
-    if key[0] != "tensors":
-        where += " (inputs: the args, then the kwargs, flattened)"
-    why = "dynamic=True" if dynamic is True else "its sizes differed from a compiled signature's only there"
-    return f"symbolic in {where} ({why}; first call {call})"
-
-
-def _describe(args, kwargs) -> str:
-    """A call's signature as a user reads it: `(f32[4, 8] grad, i64[4], 2)`."""
-    def one(x):
-        if isinstance(x, torch.Tensor):
-            dt = DTYPE_NAMES.get(x.dtype, str(x.dtype))  # the IR's names, as the report prints types
-            extra = (" grad" if x.requires_grad else "") + ("" if x.device.type == "cpu" else f" {x.device}")
-            extra += "" if x.is_contiguous() else f" strides={tuple(x.stride())}"
-            return f"{dt}[{', '.join(map(str, x.shape))}]{extra}"
-        return repr(x) if isinstance(x, _SCALARS) else type(x).__name__
-    parts = [one(x) for x in pytree.tree_leaves(args)] + [f"{k}={one(v)}" for k, v in kwargs.items()
-                                                          if not isinstance(v, (list, tuple, dict))]
-    return f"({', '.join(parts)})"
-
-
-# where Dynamo says a guard was made, when that is minicomp's own code handing it a decision (sizes.py)
-_OUR_GUARD = re.compile(r"\s*#\s*\([^()]*minicomp/compiler/sizes\.py:\d+ in on_guard\)")
-
-
-def _short(reason: str) -> str:
-    """Dynamo's graph-break reasons run to a dozen lines; keep the first and the explanation, or
-    where that is empty the developer context (what the op said: "argument 'is_causal' must be
-    bool, not SymBool")."""
-    lines = [ln.strip() for ln in reason.strip().splitlines() if ln.strip()]
-    for label in ("Explanation:", "Developer debug context:"):
-        why = next((ln[len(label):].strip() for ln in lines[1:] if ln.startswith(label)), "")
-        if why:
-            return f"{lines[0]} ({why})"
-    return lines[0]
-
-
 class CompiledModule:
     """Calls like the model; attribute reads and writes go to the model (`compiled.training`,
     `compiled.state_dict()`, `compiled.weight = ...`), `compiled.forward` is the compiled call, and
@@ -265,7 +142,7 @@ class CompiledModule:
         self._report = Report()
         self._programs: dict = {}  # signature -> (program, _Fast or None)
         self._fast: _Fast | None = None
-        self._patterns: list = []  # the dimension sets of the symbolic programs (signature table keys: _wild)
+        self._patterns: list = []  # the dimension sets of the symbolic programs (signature table keys: wild)
         self._codes: list = []  # each program's code object, in report.programs' order (Dynamo's recompiles)
         self._warned_limit = False
         self._no_symbolic: str | None = None  # why a symbolic program could not be built: sizes get static ones
@@ -281,7 +158,7 @@ class CompiledModule:
         if (fast is not None and not kwargs and len(args) == fast.nargs and torch.is_grad_enabled() is fast.grad
                 and fast.owner.training is fast.training and fast.guards.check(*args)):
             return fast.program(*args)
-        key = _signature(self.model, args, kwargs)
+        key = call_signature(self.model, args, kwargs)
         entry = self._programs.get(key) or self._symbolic_program(key)
         if entry is None:
             with self._lock:
@@ -298,7 +175,7 @@ class CompiledModule:
 
     def _symbolic_program(self, key):
         for dims in self._patterns:
-            entry = self._programs.get(_wild(key, dims))
+            entry = self._programs.get(wild(key, dims))
             if entry is not None:
                 return entry
         return None
@@ -312,7 +189,7 @@ class CompiledModule:
         if dynamic is True:
             return frozenset((i, d) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) for d in range(x.dim()))
         for other in self._programs:
-            dims = _changed_dims(other, key)
+            dims = changed_dims(other, key)
             if dims:
                 # a size 0 or 1 stays static, as torch specializes it (a decode step's one token):
                 # a program traced at 1 keeps `T > 1` symbolic, which torch ops and Dynamo refuse
@@ -323,10 +200,10 @@ class CompiledModule:
         if not self._warned_limit:  # the first miss is named; later ones go to the debug log
             self._warned_limit = True
             self._eager(f"max_programs={self.options.max_programs} input signatures already compiled; the call "
-                        f"{_describe(args, kwargs)} and later new signatures run eagerly (raise max_programs, "
+                        f"{describe(args, kwargs)} and later new signatures run eagerly (raise max_programs, "
                         "or keep shapes and dtypes fixed)")
         else:
-            log.debug("minicomp: max_programs reached; %s runs eagerly", _describe(args, kwargs))
+            log.debug("minicomp: max_programs reached; %s runs eagerly", describe(args, kwargs))
 
     def _eager(self, msg: str):
         if msg not in self._report.eager:  # once per compiled callable, not once per program
@@ -336,7 +213,7 @@ class CompiledModule:
     def _compile_new(self, key, args, kwargs):
         """A program for a new signature: symbolic in the dims that varied, or where minicomp cannot
         build that one (a size torch left unbacked: x[T - 2:]), static for this call's sizes."""
-        dims = self._dims_for(key, _inputs(args, kwargs))
+        dims = self._dims_for(key, flat_inputs(args, kwargs))
         if dims and self._no_symbolic is not None:
             return self._compile_and_run(key, args, kwargs, note=self._no_symbolic)
         if not dims or self.options.strict:
@@ -356,7 +233,7 @@ class CompiledModule:
         entry = _trampoline(self.model)
         program = torch.compile(entry, backend=backend, **_ISOLATE)
         before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs) + len(self._report.eager)
-        inputs = _inputs(args, kwargs)
+        inputs = flat_inputs(args, kwargs)
         marked = _mark_dynamic(inputs, dims)
         try:
             with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True), \
@@ -371,15 +248,15 @@ class CompiledModule:
             _unmark(marked)
         for reason, count in counters["graph_break"].items():
             if count > before.get(reason, 0):
-                self._eager(f"graph break (the code around it runs eagerly): {_short(reason)}")
+                self._eager(f"graph break (the code around it runs eagerly): {short_reason(reason)}")
         if len(self._report.graphs) + len(self._report.eager) == graphs_before:
             self._eager(f"no graph captured for call signature #{len(self._programs)} (nothing to compile, "
                         "or Dynamo skipped the frame): it runs eagerly")
-        self._report.programs.append(_why(key, dims, args, kwargs, self.options.dynamic) + (f" ({note})" if note else ""))
+        self._report.programs.append(program_line(key, dims, args, kwargs, self.options.dynamic) + (f" ({note})" if note else ""))
         self._codes.append(entry.__code__)
         fast = _fast_path(self.model, key, args, program, dims)
         if dims:
-            key = _wild(key, dims)
+            key = wild(key, dims)
             self._patterns.append(dims)
         self._programs[key] = (program, fast)
         if fast is not None:
@@ -389,8 +266,7 @@ class CompiledModule:
     def report(self) -> Report:
         """What was compiled and why; Dynamo's own recompiles of a program (a guard it made failed
         for a later call, e.g. a model's `if length > 1`) are read from Dynamo at each request."""
-        self._report.recompiles = [f"program {i} recompiled by Dynamo, a guard it made failed: "
-                                   + _OUR_GUARD.sub("  # a guard of minicomp's compile", re.sub(r"^\d+/\d+: ", "", _short(str(r))))
+        self._report.recompiles = [f"program {i} recompiled by Dynamo, a guard it made failed: {guard_failure(r)}"
                                    for i, code in enumerate(self._codes, 1) for r in guard_failures.get(code, ())]
         return self._report
 

@@ -20,7 +20,7 @@ import statistics
 
 import torch
 
-from .api import _signature
+from .signature import call_signature
 from .runtime.program import Executor, Program
 from .timing import time_interleaved
 
@@ -63,7 +63,7 @@ def breakdown(compiled, inputs, reps: int = 7, target_s: float = 2e-3) -> dict:
         fns["guards"] = lambda: fast.guards.check(*inputs)
         fns["compiled"] = lambda: fast.program(*inputs)
     else:
-        fns["guards"] = lambda: compiled._programs.get(_signature(compiled.model, inputs, {}))
+        fns["guards"] = lambda: compiled._programs.get(call_signature(compiled.model, inputs, {}))
     for j, (program, ex, args) in enumerate(calls):
         fns[f"program{j}"] = lambda p=program, a=args: p(*a)
         fns[f"executor{j}"] = lambda e=ex, a=args: e.run(*a)

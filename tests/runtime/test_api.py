@@ -67,8 +67,8 @@ def test_the_fast_path_skips_the_signature_only_for_the_same_signature(monkeypat
     autocast, inference mode) takes the Python signature and gets its own program."""
     from minicomp import api
     built = []
-    real = api._signature
-    monkeypatch.setattr(api, "_signature", lambda *a: built.append(1) or real(*a))
+    real = api.call_signature
+    monkeypatch.setattr(api, "call_signature", lambda *a: built.append(1) or real(*a))
     model = torch.nn.Sequential(torch.nn.Tanh(), torch.nn.Dropout(0.5))
     c = compile_i(model)
     x = torch.randn(6, 4)
