@@ -248,7 +248,7 @@ class Lowerer:
         mark = len(b.nodes)
         try:
             if isinstance(val, torch.Tensor) and val.numel() == 0:
-                result = b.full(0, dtype_name(val.dtype), tuple(val.shape))
+                result = b.full(0, dtype_name(val.dtype), tuple(dim(s) for s in val.shape))  # a symbolic dim beside a 0
             else:
                 fn = LOWERINGS.get(node.target)
                 if fn is None:

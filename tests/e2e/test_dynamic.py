@@ -557,3 +557,22 @@ def test_a_graph_break_names_what_the_op_said():
         x = torch.randn(2, t, 16)
         torch.testing.assert_close(compiled(x), f(x))
     assert any("is_causal" in e and "SymBool" in e for e in compiled.report().eager)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+@pytest.mark.parametrize("train", [False, True])
+def test_an_empty_batch_beside_a_symbolic_dimension(backend, train):
+    """(2, 5, 8), (2, 3, 8), then (0, 4, 8): the third program has a static 0 beside a symbolic
+    dimension, so every value in it is empty; such a value's shape held torch's SymInt, which the
+    IR cannot print (the compile crashed in CSE)."""
+    ln = torch.nn.LayerNorm(8)
+    compiled = minicomp.compile(ln, backend=backend)
+    for shape in [(2, 5, 8), (2, 3, 8), (0, 4, 8)]:
+        x = torch.randn(shape, requires_grad=train)
+        x_eager = x.detach().clone().requires_grad_(train)
+        got, want = compiled(x), ln(x_eager)
+        torch.testing.assert_close(got, want)
+        if train:
+            got.sum().backward()
+            want.sum().backward()
+            torch.testing.assert_close(x.grad, x_eager.grad)
