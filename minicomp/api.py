@@ -30,13 +30,13 @@ from typing import NamedTuple
 
 import torch
 from torch._dynamo.exc import BackendCompilerFailed
-from torch._dynamo.utils import counters, guard_failures
+from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 
 from .compiler.capture import make_backend
 from .errors import MinicompError
 from .options import Options
 from .report import Report
-from .signature import (call_signature, changed_dims, describe, flat_inputs, guard_failure,
+from .signature import (break_site, call_signature, changed_dims, describe, flat_inputs, guard_failure,
                         program_line, short_reason, wild)
 
 log = logging.getLogger("minicomp")
@@ -233,6 +233,7 @@ class CompiledModule:
         entry = _trampoline(self.model)
         program = torch.compile(entry, backend=backend, **_ISOLATE)
         before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs) + len(self._report.eager)
+        breaks_before = len(graph_break_reasons)
         inputs = flat_inputs(args, kwargs)
         marked = _mark_dynamic(inputs, dims)
         try:
@@ -246,8 +247,12 @@ class CompiledModule:
             raise
         finally:
             _unmark(marked)
-        for reason, count in counters["graph_break"].items():
-            if count > before.get(reason, 0):
+        said = set()
+        for r in graph_break_reasons[breaks_before:]:  # with the user's line that broke the graph
+            said.add(short_reason(r.reason))
+            self._eager(f"graph break{break_site(r.user_stack)} (the code around it runs eagerly) -- {short_reason(r.reason)}")
+        for reason, count in counters["graph_break"].items():  # a break that compiled no graph before it
+            if count > before.get(reason, 0) and short_reason(reason) not in said:
                 self._eager(f"graph break (the code around it runs eagerly): {short_reason(reason)}")
         if len(self._report.graphs) + len(self._report.eager) == graphs_before:
             self._eager(f"no graph captured for call signature #{len(self._programs)} (nothing to compile, "

@@ -4,6 +4,7 @@ Dynamo's reasons.
 """
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -138,3 +139,20 @@ def short_reason(reason: str) -> str:
 def guard_failure(reason) -> str:
     """One of Dynamo's recorded guard failures, short; a guard minicomp's compile made says so."""
     return _OUR_GUARD.sub("  # a guard of minicomp's compile", re.sub(r"^\d+/\d+: ", "", short_reason(str(reason))))
+
+
+_OURS = os.path.dirname(os.path.abspath(__file__))
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def break_site(user_stack) -> str:
+    """` at file.py:12 in forward `y = f(x)`: the innermost frame of Dynamo's stack for a graph
+    break that is the user's (not minicomp's entry, not torch's), else the innermost outside
+    minicomp (a break inside torch's optimizer); '' where there is none."""
+    frames = [fs for fs in (user_stack or ()) if not os.path.abspath(fs.filename).startswith(_OURS)]
+    user = [fs for fs in frames if not os.path.abspath(fs.filename).startswith(_TORCH)]
+    fs = (user or frames or [None])[-1]
+    if fs is None:
+        return ""
+    code = f" `{fs.line.strip()}`" if fs.line else ""
+    return f" at {os.path.basename(fs.filename)}:{fs.lineno} in {fs.name}{code}"

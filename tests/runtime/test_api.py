@@ -219,6 +219,7 @@ def test_graph_break_gives_correct_results_and_is_reported(caplog):
                 torch.testing.assert_close(c(x), model(x))
     eager = c.report().eager
     assert len(eager) == 1 and "graph break" in eager[0] and "Tensor.item()" in eager[0], eager
+    assert "test_api.py:206 in forward `if h.sum().item() > 0:" in eager[0], "the user's line that broke the graph"
     assert "\n" not in eager[0], "one readable line, not Dynamo's page of hints"
     assert any("graph break" in r.getMessage() for r in caplog.records if r.name == "minicomp")
     assert "ran eagerly: graph break" in str(c.report())
