@@ -228,7 +228,8 @@ class Lowerer:
             return dim(val)
         if isinstance(val, torch.SymBool):  # a comparison of sizes (`is_causal = T > 1`)
             op = _COMPARE_OPS.get(node.target)
-            if op is not None and len(args) == 2 and all(isinstance(a, (int, sym.Sym)) for a in args):
+            if (op is not None and len(args) == 2 and all(isinstance(a, (int, sym.Sym)) for a in args)
+                    and not any(f.name.startswith("u") for f in val.node.expr.free_symbols)):  # data-dependent: no hint
                 return sym_values.SizeBool(op, *args)
             raise MinicompError(f"{node.target} makes a bool from symbolic sizes ({val.node.expr}), which "
                                 f"minicomp cannot hold\n  at {b.meta['source']}")
