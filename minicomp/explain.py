@@ -127,16 +127,19 @@ def _eager_traffic(call) -> tuple[int, int]:
     return mode.bytes, mode.launches
 
 
-def _rows(steps, roof) -> list:
+def _rows(steps, roof, torch_roof=None) -> list:
+    """One row per step; a torch call is judged against `torch_roof` where torch runs elsewhere than
+    the kernels (cuda_emu: its kernels are emulated, torch's matmuls run natively on the CPU)."""
     rows = []
     for s in steps:
         if not s.samples:
             continue
         t = statistics.median(s.samples)
         matmul = s.kind == "torch" and s.label == "matmul"
-        least = {"memory": roof.memory_time(s.bytes_read, s.bytes_written),
-                 "compute": roof.compute_time(s.flops, matmul),
-                 "overhead": roof.launch_s if s.kind == "kernel" else roof.torch_call_s}
+        r = torch_roof if s.kind == "torch" and torch_roof is not None else roof
+        least = {"memory": r.memory_time(s.bytes_read, s.bytes_written),
+                 "compute": r.compute_time(s.flops, matmul),
+                 "overhead": r.launch_s if s.kind == "kernel" else r.torch_call_s}
         bound = max(BOUNDS, key=least.get)
         rows.append(Row(s.name, s.graph, s.kind, s.label, list(s.ops), s.bytes_read, s.bytes_written, s.flops, t,
                         bound, least[bound] / t if t else 0.0))
@@ -187,10 +190,12 @@ def explain(model_or_fn, *inputs, backend: str = "auto", training: bool = False,
     for _ in range(reps):
         run(compiled)
         sync()
-    rows = _rows(compiled.report().steps, roof)
-    if roofline is None and any(r.roof_fraction > 1.05 for r in rows):
+    torch_roof = rl.get("cpu") if resolved in rl.EMULATED else None
+    rows = _rows(compiled.report().steps, roof, torch_roof)
+    if roofline is None and resolved not in rl.EMULATED and any(r.roof_fraction > 1.05 for r in rows):
         # a roof measured on a busier day than this one: measure it again, once; what is still
-        # above it stays above it (a byte or flop count to fix, never a figure to clamp)
+        # above it stays above it (a byte or flop count to fix, never a figure to clamp). Not an
+        # emulator's: its roofs take minutes to measure, and only its own kernels meet them
         roof = rl.get(resolved, refresh=True)
         rows = _rows(compiled.report().steps, roof)
     eager_bytes, eager_launches = _eager_traffic(lambda: run(model_or_fn))

@@ -131,3 +131,15 @@ def test_a_refreshed_roofline_keeps_the_best_figures(monkeypatch, tmp_path):
     assert got.read_gbps == [50.0, 25.0] and got.copy_gbps == [90.0, 40.0] and got.write_gbps == [40.0, 15.0]
     assert (got.vector_gflops, got.matmul_gflops, got.launch_s, got.torch_call_s) == (30.0, 300.0, 1e-6, 1e-6)
     assert roofline.get("cpu") == got  # and that is what the cache now holds
+
+
+def test_cuda_emu_judges_torch_calls_against_the_native_roof():
+    """cuda_emu's kernels are emulated (its roofs are the emulator's, milliseconds a launch), but its
+    matmuls are torch's, native: against the emulator's roof they read 600-1800% of it, and explain
+    re-measured that roof (minutes) hoping to fix it. Torch calls are judged against the CPU's roof."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    emu_roof = roofline.measure("cuda_emu", quick=True)
+    e = minicomp.explain(model, torch.randn(16, 32), backend="cuda_emu", training=True, reps=3, roofline=emu_roof)
+    torch_rows = [r for r in e.rows if r.kind == "torch" and r.label == "matmul"]
+    assert torch_rows and all(r.roof_fraction < 1.5 for r in torch_rows), "\n" + str(e)
