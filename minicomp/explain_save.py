@@ -36,6 +36,10 @@ def table(e) -> str:
     def line(cells):
         return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     out = [line(heads), line(["-" * w for w in widths])] + [line(b) for b in body] + [""] + _totals(e)
+    eager = getattr(e.report, "eager", [])
+    if eager:  # the totals' times include it: code between graphs, graphs torch ran
+        out.append(f"ran eagerly ({len(eager)}), inside the compiled time:")
+        out += [f"  {x}" for x in eager]
     if e.refusals:
         out.append(f"not fused ({len(e.refusals)}):")
         out += [f"  {r}" for r in e.refusals[:20]] + ([f"  ... and {len(e.refusals) - 20} more"]

@@ -143,3 +143,14 @@ def test_cuda_emu_judges_torch_calls_against_the_native_roof():
     e = minicomp.explain(model, torch.randn(16, 32), backend="cuda_emu", training=True, reps=3, roofline=emu_roof)
     torch_rows = [r for r in e.rows if r.kind == "torch" and r.label == "matmul"]
     assert torch_rows and all(r.roof_fraction < 1.5 for r in torch_rows), "\n" + str(e)
+
+
+def test_explain_names_what_ran_eagerly(roof):
+    """A graph break splits the function: the totals time both graphs and the code between them,
+    so the table says what ran eagerly, with the user's line."""
+    def f(x):
+        y = torch.relu(x) * 2
+        torch._dynamo.graph_break()
+        return y.softmax(-1) + 1
+    text = str(minicomp.explain(f, torch.randn(64, 64), backend="cpu", roofline=roof, reps=3))
+    assert "ran eagerly (1)" in text and "test_explain.py" in text and "graph_break()" in text
