@@ -169,7 +169,7 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
             hidden = share_bases(gm) if kind == "inference" else 0
             ctx.dump.stage("fx", lambda: gm.print_readable(print_output=False), level=3)
             t_lower = time.perf_counter()
-            graph, _ = lower(gm, name, options.strict, sizes, laid_out(kind, gm))
+            graph, _ = lower(gm, name, options.strict, sizes, laid_out(kind, gm), size_bools=kind == "inference")
             ctx.phases_ms["lower"] = _ms(time.perf_counter() - t_lower)
             fx_nodes = len(gm.graph.nodes)
             # an output viewing another output is one AOTAutograd calls no alias, but its view is made

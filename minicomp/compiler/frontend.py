@@ -134,9 +134,10 @@ def _extern_value(v, refs: list):
 
 
 class Lowerer:
-    def __init__(self, gm: fx.GraphModule, name: str, strict: bool, layout_outputs=None):
+    def __init__(self, gm: fx.GraphModule, name: str, strict: bool, layout_outputs=None, size_bools: bool = False):
         self.gm, self.strict = gm, strict
         self.layout_outputs = layout_outputs  # outputs laid out as eager's (output_layout.py); None: all
+        self.size_bools = size_bools  # an inference graph may return comparisons of sizes (SizeBool)
         self.b = Builder(name)
         self.env: dict[fx.Node, object] = {}
         self.externs: list[str] = []
@@ -174,6 +175,7 @@ class Lowerer:
                 sized = (int, float, sym.Sym, sym_values.SizeFloat, sym_values.SizeBool)
                 outputs = [None if isinstance(o, sized) else self._fresh(fx_out, self._output(o))
                            for fx_out, o in zip(node.args[0], values)]
+                self._distinct(node.args[0], outputs)
                 for i in range(len(outputs) if self.layout_outputs is None else self.layout_outputs):
                     if outputs[i] is not None and isinstance(node.args[0][i], fx.Node):
                         self.b.meta = {"source": source_line(node.args[0][i]), "fx": node.args[0][i].name}
@@ -199,6 +201,17 @@ class Lowerer:
         self.b.meta = {"source": source_line(fx_out), "fx": fx_out.name}
         return self.b.emit("copy", value)
 
+    def _distinct(self, fx_outs, outputs) -> None:
+        """Two outputs that are different fx values but one IR value (y and y.clone(): the IR has
+        no clones) are two tensors in eager: the later gets a copy. Among the outputs eager's
+        layout applies to (a training forward's own, not what it saves for the backward)."""
+        first: dict = {}
+        for i in range(len(outputs) if self.layout_outputs is None else self.layout_outputs):
+            o, fx_out = outputs[i], fx_outs[i]
+            if isinstance(o, Node) and isinstance(fx_out, fx.Node) and first.setdefault(o, fx_out) is not fx_out:
+                self.b.meta = {"source": source_line(fx_out), "fx": fx_out.name}
+                outputs[i] = self.b.emit("copy", o)
+
     @staticmethod
     def _output(o):
         if o is None or isinstance(o, Node):
@@ -206,10 +219,14 @@ class Lowerer:
         raise MinicompError(f"graph output {o!r} is not a tensor")
 
     def _arg(self, a: fx.Node):
-        """An argument's value; a comparison of sizes (a graph output is its value at each call)
-        is decided at the hints, under a guard, where an op takes it."""
+        """An argument's value. A comparison of sizes is a graph output only (its value at each
+        call): an op given one would need it decided, and that guard may name a size no input
+        carries (torch.full((2,), x.shape[0] == 4)): such graphs get a static program per size."""
         v = self.env[a]
-        return v.decided() if isinstance(v, sym_values.SizeBool) else v
+        if isinstance(v, sym_values.SizeBool):
+            raise MinicompError(f"{a.target} makes a bool from symbolic sizes ({v}) that an op takes, which minicomp "
+                                f"cannot hold\n  at {source_line(a)}")
+        return v
 
     def call(self, node: fx.Node):
         args = fx.node.map_arg(node.args, self._arg)
@@ -228,7 +245,7 @@ class Lowerer:
             return dim(val)
         if isinstance(val, torch.SymBool):  # a comparison of sizes (`is_causal = T > 1`)
             op = _COMPARE_OPS.get(node.target)
-            if (op is not None and len(args) == 2 and all(isinstance(a, (int, sym.Sym)) for a in args)
+            if (self.size_bools and op is not None and len(args) == 2 and all(isinstance(a, (int, sym.Sym)) for a in args)
                     and not any(f.name.startswith("u") for f in val.node.expr.free_symbols)):  # data-dependent: no hint
                 return sym_values.SizeBool(op, *args)
             raise MinicompError(f"{node.target} makes a bool from symbolic sizes ({val.node.expr}), which "
@@ -318,11 +335,13 @@ class Lowerer:
 
 
 def lower(gm: fx.GraphModule, name: str = "forward", strict: bool = False, sizes=None,
-          layout_outputs=None) -> tuple[Graph, list[str]]:
+          layout_outputs=None, size_bools: bool = False) -> tuple[Graph, list[str]]:
     """Returns the IR graph and the ATen ops that became externs. `sizes`: the graph's symbols,
     {name: (lo, hi, hint)} (a static graph has none). `layout_outputs`: how many of the first
-    outputs take eager's layout (output_layout.py; None: all)."""
-    lw = Lowerer(gm, name, strict, layout_outputs)
+    outputs take eager's layout (output_layout.py; None: all). `size_bools`: it may return
+    comparisons of sizes (an inference graph: a training forward's would be saved for a backward
+    that cannot take one)."""
+    lw = Lowerer(gm, name, strict, layout_outputs, size_bools)
     graph = lw.run()
     graph.sizes = dict(sizes or {})
     graph.size_inputs = size_inputs(gm, graph)

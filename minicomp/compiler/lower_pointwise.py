@@ -117,13 +117,17 @@ def _floor_divide(b, x, y):
 
 
 # a Python-number exponent eager computes with another function (its pow_tensor_scalar kernel):
-# they differ from pow at the edges, e.g. (-inf) ** 0.5 is NaN through sqrt and +inf through pow
+# they differ from pow at the edges, e.g. (-inf) ** 0.5 is NaN through sqrt and +inf through pow.
+# Eager's float16 path takes pow itself.
 _POW_AS = {0.5: "sqrt", -0.5: "rsqrt"}
+_POW_AS_DTYPES = ("f32", "f64", "bf16")
 
 
 @lowering(aten.pow)
 def _pow(b, x, y):
     dt = b.out_dtype
+    if dt == "b8":  # bool ** bool is bool in eager; the kernels' pow is arithmetic
+        raise Unsupported("pow of bools")
     number = isinstance(y, (int, float)) and not isinstance(y, bool)
     if number and isinstance(x, Node) and x.type.dtype not in FLOATS and isinstance(y, int) and y < 0:
         raise Unsupported("integers to negative integer powers (torch raises)")
@@ -132,7 +136,7 @@ def _pow(b, x, y):
         return b.emit("mul", xt, xt)
     if number and y == 1:
         return b.tensor(x, dt)
-    if number and y in _POW_AS and dt in FLOATS:
+    if number and y in _POW_AS and dt in _POW_AS_DTYPES:
         return b.emit(_POW_AS[y], b.tensor(x, dt))
     return b.emit("pow", b.tensor(x, dt), b.tensor(y, dt))
 

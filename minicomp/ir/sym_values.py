@@ -2,9 +2,10 @@
 a call's shapes (bind), attributes at a call's sizes (concrete) or at the hints (hinted)."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
-from .sym import OPS, Sym, decide, evaluate, hint
+from .sym import OPS, Sym, evaluate, hint
 
 class SizeFloat:
     """A float computed from sizes (batch norm's n / (n - 1), a mean's 1 / numel): `op` one of
@@ -22,12 +23,14 @@ class SizeFloat:
     def value(self, values: dict) -> float:
         def v(x):
             return x.value(values) if isinstance(x, SizeFloat) else float(evaluate(x, values)) if isinstance(x, Sym) else x
-        return float(SizeFloat.OPS[self.op](v(self.a), v(self.b)))
+        a, b = v(self.a), v(self.b)
+        if self.op == "/" and b == 0:  # n / (n - 1) at n = 1 (a variance of one element): IEEE, as torch
+            return math.nan if a == 0 or a != a else math.copysign(math.inf, a) * math.copysign(1.0, b)
+        return float(SizeFloat.OPS[self.op](a, b))
 
 
 class SizeBool:
-    """A comparison of sizes (`T > 1`) a graph returns: its value at each call's sizes. An op given
-    one takes it decided at the hints, under a guard (sym.decide)."""
+    """A comparison of sizes (`T > 1`) an inference graph returns: its value at each call's sizes."""
     __slots__ = ("op", "a", "b")
 
     def __init__(self, op: str, a, b):
@@ -39,9 +42,6 @@ class SizeBool:
     def value(self, values: dict) -> bool:
         a, b = (evaluate(x, values) if isinstance(x, Sym) else x for x in (self.a, self.b))
         return bool(OPS[self.op](a, b))
-
-    def decided(self) -> bool:
-        return decide(self.a, self.op, self.b)
 
 
 def as_symbol(x) -> Optional[str]:

@@ -576,3 +576,22 @@ def test_an_empty_batch_beside_a_symbolic_dimension(backend, train):
             got.sum().backward()
             want.sum().backward()
             torch.testing.assert_close(x.grad, x_eager.grad)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_a_comparison_of_sizes_in_training_and_a_variance_of_one_row(backend):
+    """A comparison of sizes inside a training graph would be saved for the backward, which cannot
+    take one: the graph gets a static program per size, as before size bools. A variance over a
+    symbolic dimension at size 1 divides by n - 1 = 0: NaN, as eager (a float of sizes raised
+    ZeroDivisionError there)."""
+    def f(x):
+        return x * (x.shape[0] > 3) + x.var(0)
+    compiled = minicomp.compile(f, backend=backend, dynamic=True)
+    for n in (5, 6, 2, 1):
+        x = torch.randn(n, 4, requires_grad=True)
+        x_eager = x.detach().clone().requires_grad_()
+        got, want = compiled(x), f(x_eager)
+        torch.testing.assert_close(got, want, equal_nan=True)
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(x.grad, x_eager.grad, equal_nan=True)

@@ -400,6 +400,14 @@ def test_pow_by_a_number_computes_as_eager(backend):
     assert_matches_eager(lambda a: (a ** 2, a ** 0.5, a ** 3), torch.tensor([-3, 0, 5]), backend=backend)
 
 
+def test_half_pow_by_a_half_is_pow_as_eager_computes_it(backend):
+    """Eager's float16 kernel takes pow for ** 0.5 ((-inf) ** 0.5 is +inf there), its bfloat16
+    and float32 ones sqrt (NaN)."""
+    x = torch.tensor([float("-inf"), -0.0, 4.0])
+    for dt in (torch.float16, torch.bfloat16):
+        assert_matches_eager(lambda x: (x ** 0.5, x ** -0.5), x.to(dt), backend=backend)
+
+
 def test_pow_by_a_number_computes_as_eager_on_cuda_emu():
     x = torch.tensor([float("-inf"), -4.0, -0.0, 0.25, 4.0, float("inf"), float("nan")])
     assert_matches_eager(lambda x: (x ** 0.5, x ** -0.5, x ** 1.5), x, backend="cuda_emu")

@@ -247,6 +247,9 @@ SHARING = {  # outputs that eager returns as separate tensors, or as one tensor 
     "two_views_of_a_value_not_returned": lambda x: (lambda y: (y[1:], y.t()))(x * 2),
     "split_of_a_value_not_returned": lambda x: (x * 2).split(2),
     "a_value_and_its_view": lambda x: (lambda y: (y, y[1:]))(x * 2),
+    "a_value_and_its_clone": lambda x: (lambda y: (y, y.clone()))(x + 1),
+    "views_and_a_clone_of_their_value": lambda x: (lambda y: (y.t(), y.clone(), y[1:]))(x + 1),
+    "pieces_and_a_cat_of_their_value": lambda x: (lambda y: (y.unbind(0)[0], torch.cat([y]), y.unbind(0)[1]))(x + 1),
 }
 
 
