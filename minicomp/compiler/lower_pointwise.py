@@ -118,8 +118,10 @@ def _floor_divide(b, x, y):
 
 # a Python-number exponent eager computes with another function (its pow_tensor_scalar kernel):
 # they differ from pow at the edges, e.g. (-inf) ** 0.5 is NaN through sqrt and +inf through pow.
-# Eager's float16 path takes pow itself.
-_POW_AS = {0.5: "sqrt", -0.5: "rsqrt"}
+# Eager's float16 path takes pow itself. Its float kernel also multiplies for 3 and -2 (x*x*x,
+# 1/(x*x)), as integer powers are for any integer dtype: GELU's tanh form (x ** 3) was a pow,
+# a log and an exp per element, and most of its kernel's machine code.
+_POW_AS = {0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal"}
 _POW_AS_DTYPES = ("f32", "f64", "bf16")
 
 
@@ -138,6 +140,12 @@ def _pow(b, x, y):
         return b.tensor(x, dt)
     if number and y in _POW_AS and dt in _POW_AS_DTYPES:
         return b.emit(_POW_AS[y], b.tensor(x, dt))
+    if number and y == 3 and (dt in _POW_AS_DTYPES or dt not in FLOATS):
+        xt = b.tensor(x, dt)
+        return b.emit("mul", b.emit("mul", xt, xt), xt)
+    if number and y == -2 and dt in _POW_AS_DTYPES:
+        xt = b.tensor(x, dt)
+        return b.emit("reciprocal", b.emit("mul", xt, xt))
     return b.emit("pow", b.tensor(x, dt), b.tensor(y, dt))
 
 

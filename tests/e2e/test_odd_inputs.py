@@ -400,6 +400,22 @@ def test_pow_by_a_number_computes_as_eager(backend):
     assert_matches_eager(lambda a: (a ** 2, a ** 0.5, a ** 3), torch.tensor([-3, 0, 5]), backend=backend)
 
 
+@pytest.mark.parametrize("be", ["cpu", "cuda_emu"])
+def test_small_integer_powers_are_eagers_products_bit_for_bit(be):
+    """Eager's float kernel computes x ** 3 as x*x*x, x ** -2 as 1/(x*x) and x ** -1 as 1/x, and any
+    integer dtype's x ** 3 wraps as the product does: the same bits, not pow's (a GELU's tanh form
+    is x ** 3)."""
+    import minicomp
+    f = lambda x: (x ** 3, x ** 3.0, x ** -2, x ** -1.0)  # noqa: E731
+    for dt in (torch.float32, torch.float64, torch.bfloat16):
+        x = torch.cat([torch.randn(999) * 3, torch.tensor([0.0, -0.0, 1e-30, 3e12, float("inf"), float("nan")])]).to(dt)
+        for got, want in zip(minicomp.compile(f, backend=be)(x), f(x)):
+            assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()], want[~want.isnan()]), dt
+    for dt in (torch.int32, torch.int64, torch.uint8):
+        x = torch.randint(0 if dt == torch.uint8 else -3000, 3000, (500,)).to(dt)
+        assert torch.equal(minicomp.compile(lambda x: x ** 3, backend=be)(x), x ** 3), dt
+
+
 def test_half_pow_by_a_half_is_pow_as_eager_computes_it(backend):
     """Eager's float16 kernel takes pow for ** 0.5 ((-inf) ** 0.5 is +inf there), its bfloat16
     and float32 ones sqrt (NaN)."""
