@@ -1,4 +1,5 @@
-"""Kernel -> LLVM IR (llvmlite), one module per graph.
+"""Kernel -> LLVM IR (llvmlite): KernelCodegen adds one kernel's functions to a module
+(llvm_module.py gathers a graph's kernels into modules).
 
 Each kernel becomes `void <name>(ptr bufs, i64 start, i64 end)`: it loads its buffer pointers and
 calls `<name>_body(ptr noalias b0, ..., i64 start, i64 end)`, which runs outer iterations
@@ -32,17 +33,16 @@ runtime/sized.py) brings a table of its own.
 Kernels whose bodies print the same (body_key: the same layer repeated, buffers by position) share
 one <name>_body, each calling it with its own buffers: optimizing and emitting machine code is most
 of a cold compile after tracing, and four GPT blocks then cost it about once (codegen 682 -> 270 ms).
+Every body is out of line and every entry point `optnone` (_entry).
 """
 from __future__ import annotations
 
-import re
 
 import llvmlite.ir as ir
 
 from ..ir import sym
 from ..ir.index import Expr, Var
-from ..ir.kernel import Kernel, KernelPrinter, KExpr, check_sites, kernel_symbols, outer_extent, site, walk
-from .collapse import collapse
+from ..ir.kernel import Kernel, KExpr, check_sites, kernel_symbols, outer_extent, site, walk
 from .blocked_sums import blocked_nest, sum_blocking
 from .columns import columns, emit_columns
 from .pieces import split
@@ -58,7 +58,6 @@ I32 = ir.IntType(32)
 # one it splits across threads gets <name>_par(i32 threads), which runs a chunk of the range on each
 # thread of an OpenMP team (GOMP_parallel: torch's own OpenMP runtime, see runtime/cpu.py)
 RUN_SUFFIX, PAR_SUFFIX, BUFS_SUFFIX, PART_SUFFIX, WHOLE_SUFFIX = "_run", "_par", "_bufs", "_part", "_whole"
-BODY_DEFINITION = re.compile(r'^define internal void @"[^"]*_body"', re.M)  # one per distinct body (body_key)
 # A kernel's buffer table holds its buffers, then one more pointer: the 32-bit word where a kernel
 # that checks (check_sites) sets bit j when check j failed. Each table has its own word, so calls
 # running side by side (each with its own table) never see each other's failures.
@@ -312,7 +311,7 @@ class KernelCodegen:
         nb = len(k.buffers)
         fn = body if body is not None else self.generate_body()
         self.body = fn
-        wrapper = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), k.name)
+        wrapper = _entry(ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), k.name))
         wb = ir.IRBuilder(wrapper.append_basic_block("entry"))
         bufs = wrapper.args[0]
         ptrs = [wb.load(wb.gep(bufs, [I64(i)], source_etype=PTR), typ=PTR) for i in range(nb + 1 + bool(self.symbols))]
@@ -327,7 +326,7 @@ class KernelCodegen:
             table = ir.GlobalVariable(self.module, ir.ArrayType(PTR, nb + 1), k.name + BUFS_SUFFIX)
             table.initializer = ir.Constant(table.value_type, None)
         if self.whole:  # <name>_run(): no arguments, the whole range
-            run = ir.Function(self.module, ir.FunctionType(ir.VoidType(), []), k.name + RUN_SUFFIX)
+            run = _entry(ir.Function(self.module, ir.FunctionType(ir.VoidType(), []), k.name + RUN_SUFFIX))
             rb = ir.IRBuilder(run.append_basic_block("entry"))
             rb.call(wrapper, [table, I64(0), I64(outer_extent(k))])
             rb.ret_void()
@@ -342,6 +341,7 @@ class KernelCodegen:
         body_ty = ir.FunctionType(ir.VoidType(), [PTR] * (nb + 1 + extra) + [I64, I64])  # buffers, flags, range
         fn = ir.Function(self.module, body_ty, k.name + "_body")
         fn.linkage = "internal"
+        fn.attributes.add("noinline")  # optimized and emitted once, whichever entries call it
         for a in fn.args[:nb]:
             a.add_attribute("noalias")
         self.entry = fn.append_basic_block("entry")
@@ -399,7 +399,7 @@ class KernelCodegen:
     def whole_entry(self, wrapper) -> None:
         """<name>_whole(ptr table): the whole outer range in one call taking one argument (a ctypes
         call costs about 0.2 us an argument): how a sized program instance runs a kernel unsplit."""
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), self.k.name + WHOLE_SUFFIX)
+        fn = _entry(ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), self.k.name + WHOLE_SUFFIX))
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         b.call(wrapper, [fn.args[0], I64(0), self.extent_from(b, fn.args[0])])
         b.ret_void()
@@ -416,7 +416,7 @@ class KernelCodegen:
         thread_num = extern("omp_get_thread_num", ir.FunctionType(I32, []))
         num_threads = extern("omp_get_num_threads", ir.FunctionType(I32, []))
         gomp = extern("GOMP_parallel", ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]))
-        task = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR]), k.name + "_omp")
+        task = _entry(ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR]), k.name + "_omp"))
         task.linkage = "internal"
         b = ir.IRBuilder(task.append_basic_block("entry"))
         t, n = b.sext(b.call(thread_num, []), I64), b.sext(b.call(num_threads, []), I64)
@@ -427,11 +427,11 @@ class KernelCodegen:
         b.call(wrapper, [data, lo, hi])
         b.ret_void()
         if table is None:
-            par = ir.Function(m, ir.FunctionType(ir.VoidType(), [I32, PTR]), k.name + PART_SUFFIX)
+            par = _entry(ir.Function(m, ir.FunctionType(ir.VoidType(), [I32, PTR]), k.name + PART_SUFFIX))
             b = ir.IRBuilder(par.append_basic_block("entry"))
             b.call(gomp, [task, par.args[1], par.args[0], I32(0)])
         else:
-            par = ir.Function(m, ir.FunctionType(ir.VoidType(), [I32]), k.name + PAR_SUFFIX)
+            par = _entry(ir.Function(m, ir.FunctionType(ir.VoidType(), [I32]), k.name + PAR_SUFFIX))
             b = ir.IRBuilder(par.append_basic_block("entry"))
             b.call(gomp, [task, ir.Constant(PTR, None), par.args[0], I32(0)])
         b.ret_void()
@@ -461,36 +461,12 @@ def _uses(e: KExpr, names: set) -> bool:
                for x in walk([e]))
 
 
-def body_key(k: Kernel, whole: bool) -> str:
-    """What a collapsed kernel's <name>_body is made of: its domain, buffer types and body text
-    (ir/kernel.py; buffers by position, values numbered within the kernel, so the name and the
-    graph values it reads are not in it) and whether it runs whole (constant bounds). Kernels with
-    one key get one body: the same layer repeated compiles its loop nests once."""
-    head = [f"outer {[(v.name, v.size) for v in k.outer]} inner {[(v.name, v.size) for v in k.inner]} whole={whole}",
-            "buffers " + " ".join(f"{b.dtype}[{b.numel}]" for b in k.buffers)]
-    return "\n".join(head + KernelPrinter(k).body(None, head=False))
-
-
-def generate_module(kernels, name: str = "minicomp", whole=lambda k: False,
-                    openmp: bool = False, sized: bool = False) -> tuple[str, list[Kernel]]:
-    """LLVM IR text for all kernels of a graph; returns (text, the collapsed kernels). `whole(k)` says
-    whether the runtime always calls collapsed kernel k over its whole outer range (never split);
-    `openmp`: the others split their range on an OpenMP team (<name>_par). `sized`: a program over
-    symbolic sizes, whose kernels all take their table as an argument (<name>_part). Kernels with one body_key
-    share one <name>_body, which is then kept out of line (`noinline`): inlined into each caller,
-    LLVM would optimize and emit the loop nest once per caller again."""
-    module = ir.Module(name)
-    out, bodies = [], {}
-    for k in kernels:
-        k = collapse(k)
-        w = not sized and whole(k)
-        key = body_key(k, w)
-        cg = KernelCodegen(module, k, w, openmp and not w, sized)
-        shared = bodies.get(key)
-        cg.generate(shared)
-        if shared is None:
-            bodies[key] = cg.body
-        elif "noinline" not in shared.attributes:
-            shared.attributes.add("noinline")
-        out.append(k)
-    return str(module), out
+def _entry(fn: ir.Function) -> ir.Function:
+    """An entry point: a few loads and a call of the kernel's <name>_body, kept out of line. Each
+    kernel has two or three (<name>, and <name>_run or <name>_omp/_par); inlined into each, the body
+    was optimized and emitted once per entry, and LLVM's O3 pipeline and instruction selection cost
+    a few milliseconds per function whatever its size: `optnone` leaves the entries to the fast
+    path (HF GPT-2's 15 kernels: 226 -> 138 ms of LLVM)."""
+    fn.attributes.add("noinline")
+    fn.attributes.add("optnone")
+    return fn

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import minicomp
-from minicomp.codegen.llvm import generate_module
+from minicomp.codegen.llvm_module import generate_module
 from minicomp.codegen.llvm_ops import SUPPORTED_OPS
 from minicomp.backends import build
 from minicomp.compiler.capture import Context, make_context

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import minicomp
 from minicomp.codegen.collapse import collapse
-from minicomp.codegen.llvm import generate_module
+from minicomp.codegen.llvm_module import generate_module
 from minicomp.codegen.pieces import split
 from minicomp.compiler.pipeline import run_passes
 from minicomp.ir import parse

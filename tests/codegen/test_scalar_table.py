@@ -328,7 +328,7 @@ def test_float_to_int_casts_stay_vector_code(src, dst):
     """torch's route (a range check and selects around the conversion) still vectorizes."""
     import re
 
-    from minicomp.codegen.llvm import generate_module
+    from minicomp.codegen.llvm_module import generate_module
     from minicomp.runtime import cpu
     x = Node("input", (), type=TensorType((1024,), src), name="x")
     y = Node("cast", [x], {"dtype": dst}, TensorType((1024,), dst))

@@ -1,4 +1,4 @@
-"""Kernels with one body share one LLVM function (codegen/llvm.py body_key): a model of N identical
+"""Kernels with one body share one LLVM function (codegen/llvm_module.py body_key): a model of N identical
 layers compiles the repeated kernels' loop nests once, its results match eager (outputs and
 gradients), and kernels that differ only in shape or dtype keep bodies of their own."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import torch
 
 from minicomp.codegen.collapse import collapse
-from minicomp.codegen.llvm import BODY_DEFINITION, body_key, generate_module
+from minicomp.codegen.llvm_module import BODY_DEFINITION, body_key, generate_module
 from minicomp.compiler.pipeline import run_passes
 from minicomp.ir import parse
 from minicomp.models import Block
@@ -79,3 +79,21 @@ def test_body_key_ignores_names_only():
     assert _bodies(text) == 1
     assert len(re.findall(r'call void @"k\d+_body"', text)) == 2
     assert "noinline" in text
+
+
+def test_entries_out_of_line_body_optimized_once():
+    """Each entry point (<name>, <name>_run, <name>_omp, <name>_par) is optnone and calls the body,
+    so O3 works on one copy of each loop nest: inlined, it worked on one per entry."""
+    from minicomp.runtime.cpu import optimize
+    graph = parse("graph g(%x: f32[256,256]) -> (f32[256,256]) {\n  %0: f32[256,256] = exp %x\n  return %0\n}")
+    ks = [n.meta["kernel"] for n in run_passes(graph, cpu_context(graph)).nodes if n.op == "kernel"]
+    for whole, openmp in ((True, False), (False, True)):
+        text, _ = generate_module(ks, whole=lambda k: whole, openmp=openmp)
+        opt = optimize(text)
+        entries = re.findall(r'^define [^@]*@"?k\d+(?:_run|_omp|_par)?"?\(.*#(\d+)', opt, re.M)
+        assert len(entries) == 2 + openmp, entries  # <name>, and <name>_run or <name>_omp and _par
+        for group in set(entries):  # each entry's attribute group: optnone, kept through O3
+            assert re.search(rf"^attributes #{group} = {{.*optnone", opt, re.M), group
+        assert len(re.findall(r'^define internal [^@]*@"?k\d+_body"?\(', opt, re.M)) == 1
+        bodies = opt.split("k0_body")[1]
+        assert "<16 x float>" in bodies or "<8 x float>" in bodies  # the body is still vectorized

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import minicomp
-from minicomp.codegen.llvm import generate_module
+from minicomp.codegen.llvm_module import generate_module
 from minicomp.compiler.pipeline import run_passes
 from minicomp.ir import parse
 from minicomp.runtime import cpu

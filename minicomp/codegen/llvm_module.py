@@ -1,0 +1,70 @@
+"""A graph's kernels as LLVM modules: one (generate_module), or several of about equal work to
+compile side by side (generate_modules, runtime/jit_pool.py). Kernels with one body_key -- the same
+layer repeated -- share one <name>_body, so each loop nest is compiled once.
+"""
+from __future__ import annotations
+
+import re
+
+from llvmlite import ir
+
+from ..ir.kernel import Kernel, KernelPrinter
+from .collapse import collapse
+from .llvm import KernelCodegen
+
+BODY_DEFINITION = re.compile(r'^define internal void @"[^"]*_body"', re.M)  # one per distinct body (body_key)
+
+
+def body_key(k: Kernel, whole: bool) -> str:
+    """What a collapsed kernel's <name>_body is made of: its domain, buffer types and body text
+    (ir/kernel.py; buffers by position, values numbered within the kernel, so the name and the
+    graph values it reads are not in it) and whether it runs whole (constant bounds). Kernels with
+    one key get one body: the same layer repeated compiles its loop nests once."""
+    head = [f"outer {[(v.name, v.size) for v in k.outer]} inner {[(v.name, v.size) for v in k.inner]} whole={whole}",
+            "buffers " + " ".join(f"{b.dtype}[{b.numel}]" for b in k.buffers)]
+    return "\n".join(head + KernelPrinter(k).body(None, head=False))
+
+
+def generate_module(kernels, name: str = "minicomp", whole=lambda k: False,
+                    openmp: bool = False, sized: bool = False) -> tuple[str, list[Kernel]]:
+    """LLVM IR text for all kernels of a graph; returns (text, the collapsed kernels). `whole(k)` says
+    whether the runtime always calls collapsed kernel k over its whole outer range (never split);
+    `openmp`: the others split their range on an OpenMP team (<name>_par). `sized`: a program over
+    symbolic sizes, whose kernels all take their table as an argument (<name>_part). Kernels with one
+    body_key share one <name>_body."""
+    texts, out = generate_modules(kernels, 1, name, whole, openmp, sized)
+    return texts[0], out
+
+
+def generate_modules(kernels, parts: int, name: str = "minicomp", whole=lambda k: False,
+                     openmp: bool = False, sized: bool = False, min_bodies: int = 1) -> tuple[list[str], list[Kernel]]:
+    """generate_module's kernels in at most `parts` modules of about equal work, to compile side by
+    side (runtime/jit_pool.py), each with at least `min_bodies` distinct bodies: kernels that share a
+    body go to one module, the bodies' sizes (their text) are balanced largest first. Returns
+    (texts, the collapsed kernels in the order given)."""
+    items = []
+    for k in kernels:
+        k = collapse(k)
+        w = not sized and whole(k)
+        items.append((k, w, body_key(k, w)))
+    cost: dict = {}
+    for _, _, key in items:
+        cost[key] = len(key) if key not in cost else cost[key] + ENTRY_COST
+    bins = [[0, set()] for _ in range(max(1, min(parts, len(cost) // max(1, min_bodies))))]
+    for key in sorted(cost, key=lambda key: -cost[key]):
+        lightest = min(bins, key=lambda b: b[0])
+        lightest[0] += cost[key]
+        lightest[1].add(key)
+    texts = []
+    for _, keys in bins:
+        module, bodies = ir.Module(name), {}
+        for k, w, key in items:
+            if key in keys:
+                cg = KernelCodegen(module, k, w, openmp and not w, sized)
+                cg.generate(bodies.get(key))
+                bodies.setdefault(key, cg.body)
+        texts.append(str(module))
+    return texts, [k for k, _, _ in items]
+
+
+ENTRY_COST = 300  # a kernel's entry points against its body's text length, for balancing modules
