@@ -32,7 +32,7 @@ import torch
 from torch._dynamo.exc import BackendCompilerFailed
 from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 
-from .compiler.capture import make_backend
+from .compiler.capture import make_backend, prepare
 from .errors import MinicompError
 from .options import Options
 from .report import Report
@@ -235,6 +235,7 @@ class CompiledModule:
         before, graphs_before = dict(counters["graph_break"]), len(self._report.graphs) + len(self._report.eager)
         breaks_before = len(graph_break_reasons)
         inputs = flat_inputs(args, kwargs)
+        prepare(self.options, inputs)
         marked = _mark_dynamic(inputs, dims)
         try:
             with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True), \

@@ -102,6 +102,14 @@ def openmp() -> bool:
     return os.environ.get("MINICOMP_OPENMP", "1") != "0"
 
 
+def compile_workers():
+    """$MINICOMP_COMPILE_WORKERS as an int (0: LLVM only in process), or None when unset or not a number."""
+    try:
+        return max(0, int(os.environ["MINICOMP_COMPILE_WORKERS"]))
+    except (KeyError, ValueError):
+        return None
+
+
 def sm_count():
     """$MINICOMP_SM_COUNT as an int, or None when unset."""
     value = os.environ.get("MINICOMP_SM_COUNT")

@@ -37,6 +37,15 @@ def resolve_backend(name: str, device: str = "cpu") -> str:
     return name
 
 
+def prepare(name: str, inputs) -> None:
+    """Start what a backend can before its graphs exist, for a compile about to trace with `inputs`:
+    the cpu backend's compile workers (runtime/jit_pool.py), whose start then overlaps Dynamo's trace."""
+    import torch
+    device = "cuda" if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in inputs) else "cpu"
+    if name in ("cpu", "auto") and device == "cpu":
+        cpu.prepare()
+
+
 def kernel_ops(backend: str):
     """(ops the backend's code generator has, its flops-per-byte balance); (None, 0) without kernels."""
     b = REGISTRY.get(backend)

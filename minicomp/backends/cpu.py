@@ -1,6 +1,7 @@
 """The `cpu` backend: fused graph -> LLVM IR (codegen/llvm.py) -> llvmlite JIT (runtime/cpu.py) -> Program.
 
-One LLVM module holds every kernel of a graph. How each kernel runs (one call over its whole
+One LLVM module holds every kernel of a graph, or, for a graph with enough distinct kernel bodies,
+several of about equal work that compile side by side on the machine's cores (runtime/jit_pool.py). How each kernel runs (one call over its whole
 outer range, chunks on torch's OpenMP team, or chunks on our pool) is decided here, when compiling,
 from its size and the machine's threads; the module's text depends on it, so the text a built
 graph keeps (ctx.artifacts) is keyed by what those decisions read.
@@ -41,10 +42,16 @@ def kernel_text(k) -> str:
         for p in pieces)
 
 
+def prepare():
+    from ..runtime import jit_pool
+    jit_pool.prestart()
+
+
 def build(graph, ctx):
-    from ..codegen.llvm import BODY_DEFINITION, BUFS_SUFFIX, PAR_SUFFIX, RUN_SUFFIX, generate_module
+    from ..codegen import llvm_module
+    from ..codegen.llvm import BUFS_SUFFIX, PAR_SUFFIX, RUN_SUFFIX
     from ..ir.kernel import check_sites, outer_extent
-    from ..runtime import cpu
+    from ..runtime import cpu, jit_pool
     from ..runtime.cpu import JitModule, KernelLaunch
 
     def mode(k):  # of a collapsed kernel
@@ -54,17 +61,21 @@ def build(graph, ctx):
     t0 = time.perf_counter()
     phases = ctx.phases_ms
     sized = bool(graph.sizes)  # symbolic sizes: launch modes are decided per call size (sized.py)
-    key = ("llvm", cpu.threads(), cpu.openmp(), cpu.PARALLEL_MIN_WORK, sized)  # what launch modes depend on
-    if key not in ctx.artifacts:  # a Built graph (capture.py) carries its module from the first compile
-        # no graph name in the module: a stable cache key
-        ctx.artifacts[key] = generate_module([n.meta["kernel"] for n in knodes],
-                                             whole=lambda k: mode(k) == "whole", openmp=cpu.openmp(), sized=sized)
+    parts = 1 + jit_pool.workers()
+    # what launch modes and the split depend on
+    key = ("llvm", cpu.threads(), cpu.openmp(), cpu.PARALLEL_MIN_WORK, sized, parts)
+    if key not in ctx.artifacts:  # a Built graph (capture.py) carries its modules from the first compile
+        # no graph name in the modules: stable cache keys
+        ctx.artifacts[key] = llvm_module.generate_modules([n.meta["kernel"] for n in knodes], parts,
+                                                          whole=lambda k: mode(k) == "whole", openmp=cpu.openmp(),
+                                                          sized=sized, min_bodies=jit_pool.MIN_BODIES_PER_MODULE)
         phases["llvm_ir"] = _ms(time.perf_counter() - t0)
-    text, kernels = ctx.artifacts[key]
+    texts, kernels = ctx.artifacts[key]
+    text = "\n".join(texts)
     ctx.dump.stage("kernels", lambda: "\n".join(kernel_text(k) for k in kernels), level=3)
     ctx.dump.stage("llvm", text, level=4)
     t1 = time.perf_counter()
-    jit = JitModule(text) if knodes else None
+    jit = JitModule(texts) if knodes else None
     phases["llvm_jit"] = _ms(time.perf_counter() - t1)  # O3 and machine code, or the disk cache's object code; loading
     codegen_s = time.perf_counter() - t0
 
@@ -81,7 +92,8 @@ def build(graph, ctx):
         program, detail = assemble(graph, ctx, kernels, launch, jit)
     phases["assemble"] = _ms(time.perf_counter() - t2)
     detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=_ms(codegen_s),
-                  llvm_bodies=len(BODY_DEFINITION.findall(text)))
+                  llvm_bodies=len(llvm_module.BODY_DEFINITION.findall(text)), llvm_modules=len(texts),
+                  llvm_in_workers=jit.in_workers if jit else 0)
     return program, detail
 
 

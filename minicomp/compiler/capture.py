@@ -309,6 +309,12 @@ def _partition_kernel_ops(options: Options):
     return kernel_ops_for
 
 
+def prepare(options: Options, inputs) -> None:
+    """Before a compile traces: start what the backend can already (backends.prepare)."""
+    from ..backends import prepare as prepare_backend
+    prepare_backend(options.backend, inputs)
+
+
 def make_backend(options: Options, report: Report):
     """A Dynamo backend that compiles every captured graph with `options` into `report`. A graph
     found in the graph cache (graph_cache.py) skips AOTAutograd and lowering."""

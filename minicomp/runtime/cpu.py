@@ -25,7 +25,7 @@ import torch
 
 from .. import options
 from ..errors import KernelIndexError, KernelZeroDivisionError
-from . import cache
+from . import cache, jit_pool
 
 _KERNEL_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 _RUN_T = ctypes.CFUNCTYPE(None)
@@ -43,8 +43,8 @@ def _new_target_machine():
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     target = llvm.Target.from_triple(llvm.get_process_triple())
-    return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
-                                        features=llvm.get_host_cpu_features().flatten(), opt=3)
+    cpu_name, features = _host()
+    return target.create_target_machine(cpu=cpu_name, features=features, opt=3)
 
 
 def _target_machine():
@@ -54,6 +54,13 @@ def _target_machine():
         if "tm" not in _state:
             _state["tm"] = _new_target_machine()
         return _state["tm"]
+
+
+def _host() -> tuple[str, str]:
+    """The host CPU's name and features, as LLVM names them (what machine code is compiled for)."""
+    if "host" not in _state:  # no lock: _target_machine holds it, and two threads find the same answer
+        _state["host"] = (llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+    return _state["host"]
 
 
 def threads() -> int:
@@ -117,25 +124,31 @@ def optimize(ir_text: str) -> str:
 
 
 class JitModule:
-    """Machine code for one LLVM module; `address(name)` of its functions. `cached` says whether
-    the object code came from the disk cache."""
+    """Machine code for a graph's LLVM modules (one text, or several compiled side by side:
+    jit_pool.py); `address(name)` of their functions. `cached` says whether all the object code came
+    from the disk cache, `in_workers` how many modules worker processes compiled."""
 
-    def __init__(self, ir_text: str):
-        k = cache.key(VERSION, llvmlite.__version__, llvm.get_process_triple(), llvm.get_host_cpu_name(),
-                      llvm.get_host_cpu_features().flatten(), ir_text)
-        obj = cache.get("cpu", k)
-        self.cached = obj is not None
-        self.engine = None
-        if obj is not None:
-            try:
-                self.engine = self._load(obj)
-            except Exception:  # a corrupt entry: recompile and overwrite it
-                cache.drop("cpu", k)
-                self.cached = False
-        if self.engine is None:
-            obj = _target_machine().emit_object(_optimized(ir_text))
-            self.engine = self._load(obj)
-            cache.put("cpu", k, obj)
+    def __init__(self, ir_texts):
+        texts = [ir_texts] if isinstance(ir_texts, str) else list(ir_texts)
+        cpu_name, features = _host()
+        keys = [cache.key(VERSION, llvmlite.__version__, llvm.get_process_triple(), cpu_name, features, t)
+                for t in texts]
+        self.engines: list = [None] * len(texts)
+        for i, k in enumerate(keys):
+            obj = cache.get("cpu", k)
+            if obj is not None:
+                try:
+                    self.engines[i] = self._load(obj)
+                except Exception:  # a corrupt entry: recompile and overwrite it
+                    cache.drop("cpu", k)
+        missing = [i for i, e in enumerate(self.engines) if e is None]
+        self.cached, self.in_workers = not missing, 0
+        if missing:
+            objs, self.in_workers = jit_pool.compile_objects([texts[i] for i in missing], cpu_name, features,
+                                                             lambda t: _target_machine().emit_object(_optimized(t)))
+            for i, obj in zip(missing, objs):
+                self.engines[i] = self._load(obj)
+                cache.put("cpu", keys[i], obj)
 
     @staticmethod
     def _load(obj: bytes):
@@ -145,16 +158,18 @@ class JitModule:
         return engine
 
     def address(self, name: str) -> int:
-        addr = self.engine.get_function_address(name)
-        if not addr:
-            raise RuntimeError(f"minicomp: compiled module has no function {name}")
-        return addr
+        for engine in self.engines:
+            addr = engine.get_function_address(name)
+            if addr:
+                return addr
+        raise RuntimeError(f"minicomp: compiled module has no function {name}")
 
     def global_address(self, name: str) -> int:
-        addr = self.engine.get_global_value_address(name)
-        if not addr:
-            raise RuntimeError(f"minicomp: compiled module has no global {name}")
-        return addr
+        for engine in self.engines:
+            addr = engine.get_global_value_address(name)
+            if addr:
+                return addr
+        raise RuntimeError(f"minicomp: compiled module has no global {name}")
 
 
 def launch_mode(work: int, extent: int) -> str:

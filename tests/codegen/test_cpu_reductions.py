@@ -175,14 +175,14 @@ def test_reductions_down_columns_run_in_column_tiles(dtype, threads, monkeypatch
     """Sums, products, maxima and minima down the columns (the kept last dim contiguous) run with an
     accumulator per column, a tile of COLUMN_TILE columns at a time: more columns than one tile, a
     ragged last tile, NaN in a column, two reductions in one kernel, split across threads or not."""
-    from minicomp.codegen import columns, llvm
+    from minicomp.codegen import columns, llvm_module
     from minicomp.codegen.collapse import collapse
     from minicomp.runtime import cpu
     monkeypatch.setattr(cpu, "threads", lambda: threads)
     monkeypatch.setattr(cpu, "PARALLEL_MIN_WORK", 1)
     taken = []
-    generate = llvm.generate_module
-    monkeypatch.setattr(llvm, "generate_module", lambda ks, *a, **k: taken.extend(
+    generate = llvm_module.generate_modules
+    monkeypatch.setattr(llvm_module, "generate_modules", lambda ks, *a, **k: taken.extend(
         columns.columns(collapse(kk)) for kk in ks) or generate(ks, *a, **k))
 
     def fn(x, g):
@@ -218,7 +218,7 @@ def test_a_row_reduction_is_not_a_column_reduction():
 
 
 def cpu_optimize(kernels) -> str:
-    from minicomp.codegen.llvm import generate_module
+    from minicomp.codegen.llvm_module import generate_module
     from minicomp.runtime import cpu
     return cpu.optimize(generate_module(kernels)[0])
 

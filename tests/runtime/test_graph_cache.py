@@ -208,7 +208,7 @@ def test_a_hit_still_dumps_every_stage(tmp_path):
 
 
 def test_a_graph_built_before_in_this_process_skips_the_passes_and_code_generation(monkeypatch):
-    from minicomp.codegen import llvm
+    from minicomp.codegen import llvm_module
     x, w = torch.randn(8, 16), torch.randn(16, 16)
     with torch.no_grad():
         first = run(f, x, w)
@@ -216,7 +216,7 @@ def test_a_graph_built_before_in_this_process_skips_the_passes_and_code_generati
         def refuse(*a, **k):
             raise AssertionError("a Built graph must not reach lowering, the passes or code generation")
         monkeypatch.setattr(dynamo_common, "aot_module_simplified", refuse)
-        for mod, name in [(capture, "lower"), (capture, "run_passes"), (llvm, "generate_module")]:
+        for mod, name in [(capture, "lower"), (capture, "run_passes"), (llvm_module, "generate_modules")]:
             monkeypatch.setattr(mod, name, refuse)
         again = run(f, x, w, memo=True)
         assert sources(again) == ["memo"] and "graph_cache=memo" in str(again.report())
