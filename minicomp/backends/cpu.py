@@ -64,18 +64,24 @@ def build(graph, ctx):
     parts = 1 + jit_pool.workers()
     # what launch modes and the split depend on
     key = ("llvm", cpu.threads(), cpu.openmp(), cpu.PARALLEL_MIN_WORK, sized, parts)
+    jobs: dict = {}  # modules that start compiling on a worker while the next is generated
+
+    def early(i, text):
+        if i > 0:
+            jobs[i] = cpu.start_compile(text)
     if key not in ctx.artifacts:  # a Built graph (capture.py) carries its modules from the first compile
         # no graph name in the modules: stable cache keys
         ctx.artifacts[key] = llvm_module.generate_modules([n.meta["kernel"] for n in knodes], parts,
                                                           whole=lambda k: mode(k) == "whole", openmp=cpu.openmp(),
-                                                          sized=sized, min_bodies=jit_pool.MIN_BODIES_PER_MODULE)
+                                                          sized=sized, min_bodies=jit_pool.MIN_BODIES_PER_MODULE,
+                                                          on_text=early)
         phases["llvm_ir"] = _ms(time.perf_counter() - t0)
     texts, kernels = ctx.artifacts[key]
     text = "\n".join(texts)
     ctx.dump.stage("kernels", lambda: "\n".join(kernel_text(k) for k in kernels), level=3)
     ctx.dump.stage("llvm", text, level=4)
     t1 = time.perf_counter()
-    jit = JitModule(texts) if knodes else None
+    jit = JitModule(texts, jobs) if knodes else None
     phases["llvm_jit"] = _ms(time.perf_counter() - t1)  # O3 and machine code, or the disk cache's object code; loading
     codegen_s = time.perf_counter() - t0
 

@@ -37,11 +37,14 @@ def generate_module(kernels, name: str = "minicomp", whole=lambda k: False,
 
 
 def generate_modules(kernels, parts: int, name: str = "minicomp", whole=lambda k: False,
-                     openmp: bool = False, sized: bool = False, min_bodies: int = 1) -> tuple[list[str], list[Kernel]]:
+                     openmp: bool = False, sized: bool = False, min_bodies: int = 1,
+                     on_text=None) -> tuple[list[str], list[Kernel]]:
     """generate_module's kernels in at most `parts` modules of about equal work, to compile side by
     side (runtime/jit_pool.py), each with at least `min_bodies` distinct bodies: kernels that share a
     body go to one module, the bodies' sizes (their text) are balanced largest first. Returns
-    (texts, the collapsed kernels in the order given)."""
+    (texts, the collapsed kernels in the order given). The modules are generated last first, each
+    handed to `on_text(index, text)` when done: the caller can start compiling one while the next
+    is generated."""
     items = []
     for k in kernels:
         k = collapse(k)
@@ -55,15 +58,17 @@ def generate_modules(kernels, parts: int, name: str = "minicomp", whole=lambda k
         lightest = min(bins, key=lambda b: b[0])
         lightest[0] += cost[key]
         lightest[1].add(key)
-    texts = []
-    for _, keys in bins:
+    texts: list = [None] * len(bins)
+    for i in reversed(range(len(bins))):
         module, bodies = ir.Module(name), {}
         for k, w, key in items:
-            if key in keys:
+            if key in bins[i][1]:
                 cg = KernelCodegen(module, k, w, openmp and not w, sized)
                 cg.generate(bodies.get(key))
                 bodies.setdefault(key, cg.body)
-        texts.append(str(module))
+        texts[i] = str(module)
+        if on_text is not None:
+            on_text(i, texts[i])
     return texts, [k for k, _, _ in items]
 
 

@@ -55,6 +55,11 @@ def get(kind: str, k: str) -> bytes | None:
     return data
 
 
+def has(kind: str, k: str) -> bool:
+    """Whether an entry is there (not whether it is whole: get checks that)."""
+    return os.path.exists(os.path.join(cache_dir(), kind, k))
+
+
 def put(kind: str, k: str, data: bytes) -> None:
     d = os.path.join(cache_dir(), kind)
     try:

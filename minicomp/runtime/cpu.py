@@ -123,19 +123,33 @@ def optimize(ir_text: str) -> str:
     return str(_optimized(ir_text))
 
 
+def _cache_key(ir_text: str) -> str:
+    cpu_name, features = _host()
+    return cache.key(VERSION, llvmlite.__version__, llvm.get_process_triple(), cpu_name, features, ir_text)
+
+
+def start_compile(ir_text: str):
+    """Start compiling one module now, on a compile worker (jit_pool.py), while the caller goes on
+    (generating the next module): a job for JitModule's `jobs`, or None (the disk cache has it, or
+    no worker is idle: JitModule then loads or compiles it)."""
+    if cache.has("cpu", _cache_key(ir_text)):
+        return None
+    return jit_pool.submit(ir_text, *_host())
+
+
 class JitModule:
     """Machine code for a graph's LLVM modules (one text, or several compiled side by side:
-    jit_pool.py); `address(name)` of their functions. `cached` says whether all the object code came
-    from the disk cache, `in_workers` how many modules worker processes compiled."""
+    jit_pool.py); `address(name)` of their functions. `jobs`: {index: what start_compile returned}
+    for modules already compiling. `cached` says whether all the object code came from the disk
+    cache, `in_workers` how many modules worker processes compiled."""
 
-    def __init__(self, ir_texts):
+    def __init__(self, ir_texts, jobs: dict | None = None):
         texts = [ir_texts] if isinstance(ir_texts, str) else list(ir_texts)
-        cpu_name, features = _host()
-        keys = [cache.key(VERSION, llvmlite.__version__, llvm.get_process_triple(), cpu_name, features, t)
-                for t in texts]
+        jobs = {i: j for i, j in (jobs or {}).items() if j is not None}
+        keys = [_cache_key(t) for t in texts]
         self.engines: list = [None] * len(texts)
         for i, k in enumerate(keys):
-            obj = cache.get("cpu", k)
+            obj = cache.get("cpu", k) if i not in jobs else None
             if obj is not None:
                 try:
                     self.engines[i] = self._load(obj)
@@ -144,8 +158,9 @@ class JitModule:
         missing = [i for i, e in enumerate(self.engines) if e is None]
         self.cached, self.in_workers = not missing, 0
         if missing:
-            objs, self.in_workers = jit_pool.compile_objects([texts[i] for i in missing], cpu_name, features,
-                                                             lambda t: _target_machine().emit_object(_optimized(t)))
+            objs, self.in_workers = jit_pool.compile_objects(
+                [texts[i] for i in missing], *_host(), lambda t: _target_machine().emit_object(_optimized(t)),
+                {missing.index(i): j for i, j in jobs.items()})
             for i, obj in zip(missing, objs):
                 self.engines[i] = self._load(obj)
                 cache.put("cpu", keys[i], obj)

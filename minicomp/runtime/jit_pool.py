@@ -105,32 +105,59 @@ def _give_back(w: _Worker, ok: bool) -> None:
             w.close()
 
 
-def compile_objects(texts: list, cpu: str, features: str, compile_here) -> tuple[list, int]:
-    """Object code for each IR text, and how many came from workers: texts[0] (and any that find no
-    idle worker) compile here with `compile_here(text)`, the others on workers meanwhile."""
-    if len(texts) > 1 and not _state["all"]:
-        prestart()
-    workers_ = _take(len(texts) - 1)
-    results: list = [None] * len(texts)
-    errors: dict = {}
+class Job:
+    """One module compiling on a worker: `result()` waits for its object code; None when the worker
+    failed (logged; the caller compiles the module itself)."""
 
-    def remote(i: int, w: _Worker) -> None:
+    def __init__(self, worker: _Worker, cpu: str, features: str, ir_text: str):
+        self._out: list = []
+        self._thread = threading.Thread(target=self._run, args=(worker, cpu, features, ir_text), daemon=True)
+        self._thread.start()
+
+    def _run(self, worker, cpu, features, ir_text) -> None:
         try:
-            results[i] = w.compile(cpu, features, texts[i])
+            self._out.append(worker.compile(cpu, features, ir_text))
+            _give_back(worker, True)
         except Exception as e:
-            errors[i] = e
-        _give_back(w, i not in errors)
-    threads = [threading.Thread(target=remote, args=(i + 1, w), daemon=True) for i, w in enumerate(workers_)]
-    for t in threads:
-        t.start()
-    for i in [0] + list(range(1 + len(workers_), len(texts))):
-        results[i] = compile_here(texts[i])
-    for t in threads:
-        t.join()
-    for i, e in errors.items():
-        log.info("minicomp: a compile worker failed (%s); compiling that module in this process", e)
-        results[i] = compile_here(texts[i])
-    return results, len(workers_) - len(errors)
+            log.info("minicomp: a compile worker failed (%s); compiling that module in this process", e)
+            _give_back(worker, False)
+
+    def result(self):
+        self._thread.join()
+        return self._out[0] if self._out else None
+
+
+def submit(ir_text: str, cpu: str, features: str):
+    """Start compiling `ir_text` on an idle worker: a Job, or None when none is idle."""
+    if workers() and not _state["all"]:
+        prestart()
+    got = _take(1)
+    return Job(got[0], cpu, features, ir_text) if got else None
+
+
+def compile_objects(texts: list, cpu: str, features: str, compile_here, jobs: dict | None = None) -> tuple[list, int]:
+    """Object code for each IR text, and how many came from workers. `jobs`: {index: Job} already
+    started; of the others, texts[0] (and any that find no idle worker) compile here with
+    `compile_here(text)`, the rest on workers meanwhile."""
+    jobs = dict(jobs or {})
+    for i in range(1, len(texts)):
+        if i not in jobs:
+            job = submit(texts[i], cpu, features)
+            if job is None:
+                break
+            jobs[i] = job
+    results: list = [None] * len(texts)
+    for i in range(len(texts)):
+        if i not in jobs:
+            results[i] = compile_here(texts[i])
+    remote = 0
+    for i, job in jobs.items():
+        results[i] = job.result()
+        if results[i] is None:
+            results[i] = compile_here(texts[i])
+        else:
+            remote += 1
+    return results, remote
 
 
 @atexit.register

@@ -94,8 +94,14 @@ def test_training_rows_say_how_much_of_a_step_is_torch_code():
     assert row["ok"] and 0 < row["torch_share"] <= 1
     assert row["floor"] is None or abs(row["floor"] - row["torch_share"] * row["vs_inductor"]) < 1e-9
     assert row["saved_kib"] < row["noremat_kib"]
+    # the compile's floor: a first step through Dynamo and AOTAutograd that compiles nothing
+    assert row["trace_s"] is not None and 0 < row["trace_s"]
+    if row["inductor_compile_s"]:
+        assert abs(row["trace_vs_inductor"] - row["trace_s"] / row["inductor_compile_s"]) < 1e-9
+        assert abs(row["compile_vs_inductor"] - row["compile_s"] / row["inductor_compile_s"]) < 1e-9
     table = format_train_table([row])
     assert "torch" in table.splitlines()[0] and "floor" in table.splitlines()[0]
+    assert "trace/ind." in table.splitlines()[0] and "compile/ind." in table.splitlines()[0]
 
 
 def test_inductor_kernel_time_is_measured():
