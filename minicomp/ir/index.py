@@ -84,6 +84,11 @@ class Expr:
     __slots__ = ("const", "terms", "_key")
 
     def __init__(self, const: int = 0, terms=()):
+        self.const = const
+        self._key = None
+        if len(terms) < 2:  # nothing to merge or to undo: most Exprs (a variable, a constant)
+            self.terms = tuple(terms) if not terms or not _is0(terms[0][1]) else ()
+            return
         merged: dict = {}
         atoms: dict = {}
         for atom, c in terms:
@@ -324,11 +329,22 @@ def strides_of(shape) -> tuple[int, ...]:
 
 
 def linear(idx, shape) -> Expr:
-    """Flat row-major offset of a multi-index into a contiguous tensor of `shape`."""
-    total = Expr(0)
-    for e, st in zip(idx, strides_of(shape)):
-        total = total + Expr.of(e) * st
-    return total
+    """Flat row-major offset of a multi-index into a contiguous tensor of `shape`. Built as one Expr:
+    adding the dimensions one at a time built one per dimension, a fifth of a training cut's
+    scheduling. With a modulo among the terms it adds them one at a time as before: Expr's rule
+    that undoes a split (c*(X // c) + X % c) may then apply at any step."""
+    exprs = [Expr.of(e) for e in idx]
+    strides = strides_of(shape)
+    if any(type(a) is _Op and a.kind == "mod" for e in exprs for a, _ in e.terms):
+        total = Expr(0)
+        for e, st in zip(exprs, strides):
+            total = total + e * st
+        return total
+    const, terms = 0, []
+    for e, st in zip(exprs, strides):
+        const = const + sym.mul(e.const, st)
+        terms.extend((a, sym.mul(c, st)) for a, c in e.terms)
+    return Expr(const, terms)
 
 
 def unravel(flat: Expr, shape) -> list[Expr]:
