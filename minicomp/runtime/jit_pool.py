@@ -3,17 +3,18 @@
 llvmlite serializes every call into LLVM in a process (one global lock), so in one process O3 and
 machine code use one core however many the machine has, and they were most of what a cold compile
 spends after Dynamo's and AOTAutograd's traces. A graph with enough distinct kernel bodies is split
-into several modules (codegen/llvm_module.py generate_modules, `parts`): the first compiles in this
-process while each of the others goes to a worker process (llvm_worker.py), which sends back object
-code, loaded here like the disk cache's.
+into several modules (codegen/llvm_module.py generate_modules): each but the first goes to a
+worker process (llvm_worker.py) as soon as its text is generated (`submit`), the first compiles in
+this process, and the workers' object code is loaded here like the disk cache's.
 
 Workers: min(cores - 1, MAX_WORKERS), or $MINICOMP_COMPILE_WORKERS (0: none, every module compiles
-in process). They start when a CPU compile begins (`prestart`, from compiler/capture.py), so their
-start-up (~50 ms: they import llvmlite and nothing else) overlaps Dynamo's trace, and they live
-until this process exits. A module a worker cannot compile (the worker died, LLVM refused it)
-compiles in process instead, with a log line; a process forked after they started (a DataLoader's)
-starts workers of its own. Compiles from several threads at once share them: a module that finds
-no idle worker compiles in process.
+in process). They start when a CPU compile begins (`prestart`, from backends.prepare before Dynamo
+traces), so their start-up (~50 ms: they import llvmlite and nothing else) overlaps the trace, and
+they live until this process exits. A module a worker cannot compile (the worker died, LLVM
+refused it) compiles in process instead, with a log line, and a fresh worker takes the failed
+one's place (after MAX_FAILURES in a process, none does); a process forked after they started (a
+DataLoader's) starts workers of its own. Compiles from several threads at once share them: a
+module that finds no idle worker compiles in process.
 """
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ from .. import options
 from .llvm_worker import read_frame, write_frame
 
 MAX_WORKERS = 3
+MAX_FAILURES = 3  # workers that failed in this process before it stops starting new ones
 MIN_BODIES_PER_MODULE = 3  # a module of its own costs a few ms of LLVM's per-module work and a round trip
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llvm_worker.py")
 log = logging.getLogger("minicomp")
 _lock = threading.Lock()
-_state: dict = {"pid": None, "idle": [], "all": []}
+_state: dict = {"pid": None, "idle": [], "all": [], "failures": 0}
 
 
 def workers() -> int:
@@ -67,7 +69,7 @@ class _Worker:
 def _mine() -> None:
     """Forget workers started by the process this one was forked from (under _lock)."""
     if _state["pid"] != os.getpid():
-        _state.update(pid=os.getpid(), idle=[], all=[])
+        _state.update(pid=os.getpid(), idle=[], all=[], failures=0)
 
 
 def prestart() -> None:
@@ -75,6 +77,8 @@ def prestart() -> None:
     want = workers()
     with _lock:
         _mine()
+        if _state["failures"] >= MAX_FAILURES:  # something about this setup breaks them: stay in process
+            return
         while len(_state["all"]) < want:
             try:
                 w = _Worker()
@@ -102,6 +106,10 @@ def _give_back(w: _Worker, ok: bool) -> None:
             _state["idle"].append(w)
         else:  # a worker that failed once is not trusted again: a fresh one replaces it
             _state["all"].remove(w)
+            _state["failures"] += 1
+            if _state["failures"] == MAX_FAILURES:
+                log.warning("minicomp: %d compile workers failed in this process; LLVM runs in this process "
+                            "from now on (MINICOMP_COMPILE_WORKERS=0 says so from the start)", MAX_FAILURES)
             w.close()
 
 
@@ -129,8 +137,8 @@ class Job:
 
 def submit(ir_text: str, cpu: str, features: str):
     """Start compiling `ir_text` on an idle worker: a Job, or None when none is idle."""
-    if workers() and not _state["all"]:
-        prestart()
+    if workers() and not _state["idle"]:
+        prestart()  # replaces workers that failed (up to MAX_FAILURES)
     got = _take(1)
     return Job(got[0], cpu, features, ir_text) if got else None
 

@@ -128,3 +128,26 @@ def test_a_forked_process_does_not_use_its_parents_workers(monkeypatch):
     monkeypatch.undo()
     with jit_pool._lock:
         jit_pool._state.update(pid=real, idle=[w for w in parents if w is not None], all=parents)
+
+
+def test_after_max_failures_no_new_workers_start(monkeypatch, caplog):
+    monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
+    monkeypatch.setitem(jit_pool._state, "failures", 0)
+    jit_pool.prestart()
+    texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
+    here = lambda t: cpu._target_machine().emit_object(cpu._optimized(t))  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="minicomp"):
+        for _ in range(jit_pool.MAX_FAILURES):
+            with jit_pool._lock:
+                w = next(w for w in jit_pool._state["idle"])
+            w.proc.kill()
+            w.proc.wait()
+            objs, remote = jit_pool.compile_objects(texts, *cpu._host(), here)
+            assert remote == 0 and all(o[:4] == b"\x7fELF" for o in objs)
+            jit_pool.prestart()
+    assert any("compile workers failed" in r.getMessage() for r in caplog.records)
+    with jit_pool._lock:
+        assert not [w for w in jit_pool._state["all"] if w is not None]
+    assert jit_pool.submit(texts[1], *cpu._host()) is None  # no worker: the caller compiles in process
+    monkeypatch.setitem(jit_pool._state, "failures", 0)
+    jit_pool.prestart()  # the next test finds a worker again
