@@ -14,6 +14,7 @@ below, read at each use (tests and users set them in a running process).
 | `XDG_CACHE_HOME=folder` | cache_dir() | without MINICOMP_CACHE_DIR: the cache is its `minicomp/` |
 | `MINICOMP_CACHE_MAX_MB=n` | cache_max_bytes() | the disk cache's size limit (default 1024) |
 | `MINICOMP_GRAPH_CACHE=0` | graph_cache() | turn off the cache of lowered graphs |
+| `MINICOMP_COMPILE_WORKERS=n` | compile_workers() | LLVM compile worker processes (default: cores - 1, at most 3; 0: none) |
 | `MINICOMP_OPENMP=0` | openmp() | split CPU kernels on minicomp's own thread pool, not torch's OpenMP threads |
 | `MINICOMP_SM_COUNT=n` | sm_count() | plan CUDA launches for n streaming multiprocessors, not the current GPU's |
 | `CXX` | cxx() | the host C++ compiler cuda_emu builds kernels with (default g++) |

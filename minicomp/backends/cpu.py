@@ -79,7 +79,9 @@ def build(graph, ctx):
     texts, kernels = ctx.artifacts[key]
     text = "\n".join(texts)
     ctx.dump.stage("kernels", lambda: "\n".join(kernel_text(k) for k in kernels), level=3)
-    ctx.dump.stage("llvm", text, level=4)
+    ctx.dump.stage("llvm", text if len(texts) == 1 else "".join(  # each module's text whole, after its own header
+        f"; ---- module {i + 1} of {len(texts)} (compiled side by side, runtime/jit_pool.py) ----\n{t}\n"
+        for i, t in enumerate(texts)), level=4)
     t1 = time.perf_counter()
     jit = JitModule(texts, jobs) if knodes else None
     phases["llvm_jit"] = _ms(time.perf_counter() - t1)  # O3 and machine code, or the disk cache's object code; loading

@@ -40,8 +40,8 @@ def generate_modules(kernels, parts: int, name: str = "minicomp", whole=lambda k
                      openmp: bool = False, sized: bool = False, min_bodies: int = 1,
                      on_text=None) -> tuple[list[str], list[Kernel]]:
     """generate_module's kernels in at most `parts` modules of about equal work, to compile side by
-    side (runtime/jit_pool.py), each with at least `min_bodies` distinct bodies: kernels that share a
-    body go to one module, the bodies' sizes (their text) are balanced largest first. Returns
+    side (runtime/jit_pool.py), and at most one module per `min_bodies` distinct bodies: kernels that
+    share a body go to one module, the bodies' sizes (their text) are balanced largest first. Returns
     (texts, the collapsed kernels in the order given). The modules are generated last first, each
     handed to `on_text(index, text)` when done: the caller can start compiling one while the next
     is generated."""

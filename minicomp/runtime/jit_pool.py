@@ -21,49 +21,125 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import pickle
+import select
 import subprocess
 import sys
 import threading
+import time
 
 from .. import options
-from .llvm_worker import read_frame, write_frame
+from .llvm_worker import HEADER, identity
 
 MAX_WORKERS = 3
 MAX_FAILURES = 3  # workers that failed in this process before it stops starting new ones
 MIN_BODIES_PER_MODULE = 3  # a module of its own costs a few ms of LLVM's per-module work and a round trip
+READY_S = 30.0  # a worker that has not said hello by then is not a Python with our llvmlite
+ANSWER_S = 600.0  # nor one that has not answered a module by then: killed, the module compiles here
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llvm_worker.py")
 log = logging.getLogger("minicomp")
 _lock = threading.Lock()
 _state: dict = {"pid": None, "idle": [], "all": [], "failures": 0}
 
 
+class Refused(RuntimeError):
+    """LLVM refused the module (the worker is fine; compiling it here raises the same error)."""
+
+
 def workers() -> int:
-    """How many worker processes compiles may use."""
+    """How many worker processes compiles may use: the cores this process may run on, less one."""
     n = options.compile_workers()
-    return max(0, min((os.cpu_count() or 1) - 1, MAX_WORKERS) if n is None else n)
+    if n is not None:
+        return n
+    try:
+        cores = len(os.sched_getaffinity(0))  # what taskset and a container's cpuset leave us
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(0, min(cores - 1, MAX_WORKERS))
 
 
 class _Worker:
+    """One worker process. It sees the sys.path this process has (so it imports the same llvmlite),
+    not the script's folder (-P), ignores Ctrl-C (the terminal's interrupt reaches the whole process
+    group: a REPL's Ctrl-C must not kill the workers), and first says which llvmlite and LLVM it
+    runs: object code from another version would not be what the disk cache's key says."""
+
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, close_fds=True)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        flags = ["-P"] if sys.version_info >= (3, 11) else []  # 3.10: the script's folder shadows nothing we import
+        self.proc = subprocess.Popen([sys.executable, *flags, SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, close_fds=True, bufsize=0, env=env)
+        self.ready = False
+
+    def _read(self, timeout: float):
+        """The worker's next frame, or an exception: it exited, or said nothing for `timeout` s."""
+        fd, deadline, data, need = self.proc.stdout.fileno(), time.monotonic() + timeout, b"", HEADER.size
+        for part in range(2):
+            while len(data) < need:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    raise RuntimeError(f"compile worker silent for {timeout:g} s")
+                chunk = os.read(fd, need - len(data))
+                if not chunk:
+                    try:
+                        code = self.proc.wait(timeout=1)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                    raise RuntimeError(f"compile worker exited (code {code})")
+                data += chunk
+            if part == 0:
+                (need,), data = HEADER.unpack(data), b""
+        return pickle.loads(data)
 
     def compile(self, cpu: str, features: str, ir_text: str) -> bytes:
-        write_frame(self.proc.stdin, (cpu, features, ir_text))
-        answer = read_frame(self.proc.stdout)
-        if answer is None:
-            raise RuntimeError(f"compile worker exited (code {self.proc.poll()})")
-        status, payload = answer
+        if not self.ready:
+            hello = self._read(READY_S)
+            if hello != identity():
+                raise RuntimeError(f"compile worker runs {hello}, this process {identity()}")
+            self.ready = True
+        data = pickle.dumps((cpu, features, ir_text), protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(HEADER.pack(len(data)) + data)
+        while view:  # an unbuffered pipe may take part of it at a time
+            view = view[self.proc.stdin.write(view):]
+        status, payload = self._read(ANSWER_S)
         if status != "ok":
-            raise RuntimeError(payload)
+            raise Refused(payload)
         return payload
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def close(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
         try:
-            self.proc.stdin.close()
             self.proc.wait(timeout=2)
-        except Exception:
+        except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+
+
+def _forget_after_fork() -> None:
+    """In a child forked from this process: a lock of its own (the parent's may have been held by
+    another thread at the fork), and none of the parent's workers; their pipes closed here, so the
+    workers see their end when the parent closes them, not when every child has exited."""
+    global _lock
+    _lock = threading.Lock()
+    for w in _state["all"]:
+        if w is not None:
+            for f in (w.proc.stdin, w.proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+    _state.update(pid=os.getpid(), idle=[], all=[], failures=0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _mine() -> None:
@@ -77,12 +153,16 @@ def prestart() -> None:
     want = workers()
     with _lock:
         _mine()
+        for w in [w for w in _state["idle"] if not w.alive()]:  # killed meanwhile (by a signal): replaced,
+            _state["idle"].remove(w)                           # not counted as a failure of ours
+            _state["all"].remove(w)
+            w.close()
         if _state["failures"] >= MAX_FAILURES:  # something about this setup breaks them: stay in process
             return
         while len(_state["all"]) < want:
             try:
                 w = _Worker()
-            except OSError as e:  # no interpreter to run, no processes allowed: compile in process
+            except Exception as e:  # no interpreter to run (sys.executable empty), no processes allowed
                 log.info("minicomp: compile workers unavailable (%s); LLVM runs in this process", e)
                 _state["all"].append(None)  # counted, so we do not retry at every compile
                 continue
@@ -93,24 +173,26 @@ def prestart() -> None:
 def _take(n: int) -> list:
     with _lock:
         _mine()
-        got = _state["idle"][:n]
-        del _state["idle"][:n]
+        got = [w for w in _state["idle"] if w.alive()][:n]
+        for w in got:
+            _state["idle"].remove(w)
         return got
 
 
 def _give_back(w: _Worker, ok: bool) -> None:
     with _lock:
-        if _state["pid"] != os.getpid():
+        if _state["pid"] != os.getpid() or w not in _state["all"]:  # forked, or closed at exit meanwhile
             return
         if ok:
             _state["idle"].append(w)
-        else:  # a worker that failed once is not trusted again: a fresh one replaces it
-            _state["all"].remove(w)
-            _state["failures"] += 1
-            if _state["failures"] == MAX_FAILURES:
-                log.warning("minicomp: %d compile workers failed in this process; LLVM runs in this process "
-                            "from now on (MINICOMP_COMPILE_WORKERS=0 says so from the start)", MAX_FAILURES)
-            w.close()
+            return
+        # a worker that failed once is not trusted again: a fresh one replaces it
+        _state["all"].remove(w)
+        _state["failures"] += 1
+        if _state["failures"] == MAX_FAILURES:
+            log.warning("minicomp: %d compile workers failed in this process; no new ones start, modules "
+                        "compile in this process (MINICOMP_COMPILE_WORKERS=0 says so from the start)", MAX_FAILURES)
+    w.close()
 
 
 class Job:
@@ -126,6 +208,8 @@ class Job:
         try:
             self._out.append(worker.compile(cpu, features, ir_text))
             _give_back(worker, True)
+        except Refused:  # compiling it here raises LLVM's error where the user sees it
+            _give_back(worker, True)
         except Exception as e:
             log.info("minicomp: a compile worker failed (%s); compiling that module in this process", e)
             _give_back(worker, False)
@@ -137,8 +221,9 @@ class Job:
 
 def submit(ir_text: str, cpu: str, features: str):
     """Start compiling `ir_text` on an idle worker: a Job, or None when none is idle."""
-    if workers() and not _state["idle"]:
-        prestart()  # replaces workers that failed (up to MAX_FAILURES)
+    if not workers():
+        return None
+    prestart()  # replaces workers found dead, and ones that failed (up to MAX_FAILURES)
     got = _take(1)
     return Job(got[0], cpu, features, ir_text) if got else None
 
@@ -171,8 +256,9 @@ def compile_objects(texts: list, cpu: str, features: str, compile_here, jobs: di
 @atexit.register
 def _close_all() -> None:
     with _lock:
-        if _state["pid"] == os.getpid():
-            for w in _state["all"]:
-                if w is not None:
-                    w.close()
-            _state.update(idle=[], all=[])
+        if _state["pid"] != os.getpid():
+            return
+        closing = [w for w in _state["all"] if w is not None]
+        _state.update(idle=[], all=[])
+    for w in closing:
+        w.close()

@@ -1,20 +1,28 @@
 """A compile worker: LLVM IR text in, O3-optimized object code out (runtime/jit_pool.py starts it).
 
-Run as a script (`python llvm_worker.py`), never imported by minicomp: it imports llvmlite and
-nothing of minicomp or torch, so it is ready about 50 ms after it starts. Requests come on stdin
-and answers go to stdout, each one frame: an 8-byte little-endian length, then a pickle. A request
-is (cpu name, cpu features, IR text); the answer is ("ok", object code) or ("error", message).
-The worker compiles exactly as runtime/cpu.py does in process (one target machine at opt=3, the
-new pass manager at speed level 3), so its object code is the same bytes. It exits when stdin
-closes: when the process that started it exits or closes it.
+Run as a script (`python -P llvm_worker.py`): it imports llvmlite and nothing of minicomp or torch,
+so it is ready about 50 ms after it starts (jit_pool imports this file only for its frame format
+and `identity`). Frames on stdin and stdout: an 8-byte little-endian length, then a pickle. The
+worker first writes identity() (its llvmlite and LLVM versions); then each request is (cpu name,
+cpu features, IR text) and each answer ("ok", object code) or ("error", LLVM's message). It
+compiles exactly as runtime/cpu.py does in process (one target machine at opt=3, the new pass
+manager at speed level 3), so its object code is the same bytes. It ignores Ctrl-C and exits when
+its stdin ends (every process holding the pipe has closed it).
 """
 import pickle
+import signal
 import struct
 import sys
 
+import llvmlite
 import llvmlite.binding as llvm
 
 HEADER = struct.Struct("<Q")
+
+
+def identity() -> tuple:
+    """What decides the object code besides its inputs: the llvmlite and LLVM versions."""
+    return (llvmlite.__version__, tuple(llvm.llvm_version_info))
 
 
 def read_frame(stream):
@@ -45,10 +53,12 @@ def compile_object(tm, ir_text: str) -> bytes:
 
 
 def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the process that started us
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     machines = {}
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    write_frame(stdout, identity())
     while True:
         request = read_frame(stdin)
         if request is None:

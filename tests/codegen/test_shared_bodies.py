@@ -96,4 +96,4 @@ def test_entries_out_of_line_body_optimized_once():
             assert re.search(rf"^attributes #{group} = {{.*optnone", opt, re.M), group
         assert len(re.findall(r'^define internal [^@]*@"?k\d+_body"?\(', opt, re.M)) == 1
         bodies = opt.split("k0_body")[1]
-        assert "<16 x float>" in bodies or "<8 x float>" in bodies  # the body is still vectorized
+        assert re.search(r"<\d+ x float>", bodies)  # the body is still vectorized

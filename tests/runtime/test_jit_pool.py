@@ -97,57 +97,144 @@ def test_no_workers_one_module(fresh, monkeypatch):
         assert g.detail["llvm_modules"] == 1 and g.detail["llvm_in_workers"] == 0
 
 
-def test_a_dead_worker_costs_an_in_process_compile_and_is_replaced(fresh, monkeypatch, caplog):
+def test_a_worker_dying_mid_compile_costs_an_in_process_compile_and_is_replaced(fresh, monkeypatch, caplog):
     monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
+    monkeypatch.setitem(jit_pool._state, "failures", 0)
     jit_pool.prestart()
     with jit_pool._lock:
         victim = jit_pool._state["idle"][0]
-    victim.proc.kill()
-    victim.proc.wait()
+    take = jit_pool._take
+
+    def take_and_kill(n):  # the worker dies after it was handed out, before it answers
+        got = take(n)
+        for w in got:
+            w.proc.kill()
+        return got
+    monkeypatch.setattr(jit_pool, "_take", take_and_kill)
     with caplog.at_level(logging.INFO, logger="minicomp"):
         compiled = assert_matches_eager(_block(), torch.randn(2, 16, 64), backend="cpu")
     detail = compiled.report().graphs[0].detail
     assert detail["llvm_modules"] == 2 and detail["llvm_in_workers"] == 0
     assert any("compile worker failed" in r.getMessage() for r in caplog.records)
     with jit_pool._lock:
-        assert victim not in jit_pool._state["all"]
+        assert victim not in jit_pool._state["all"] and jit_pool._state["failures"] >= 1
+    monkeypatch.setattr(jit_pool, "_take", take)
     jit_pool.prestart()  # a fresh one takes its place
     with jit_pool._lock:
         assert len([w for w in jit_pool._state["all"] if w is not None]) == 1
         assert jit_pool._state["all"][0].proc.poll() is None
 
 
-def test_a_forked_process_does_not_use_its_parents_workers(monkeypatch):
+def test_a_forked_child_starts_workers_of_its_own(monkeypatch):
+    """A child forked after the workers started (a DataLoader's) neither uses nor closes the
+    parent's: it starts its own and compiles through them; the parent's keep serving it."""
+    import os
     monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
     jit_pool.prestart()
     with jit_pool._lock:
-        parents = list(jit_pool._state["all"])
-    real = jit_pool.os.getpid()
-    monkeypatch.setattr(jit_pool.os, "getpid", lambda: real + 1)  # as a forked child sees it
-    assert jit_pool._take(1) == []  # the parent's workers are not the child's
-    monkeypatch.undo()
+        parents = [w for w in jit_pool._state["all"] if w is not None]
+    texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
+    here = lambda t: cpu._target_machine().emit_object(cpu._optimized(t))  # noqa: E731
+    pid = os.fork()
+    if pid == 0:  # the child: only what it needs, then out without running the parent's atexit
+        ok = False
+        try:
+            ok = not jit_pool._state["all"] and jit_pool._take(1) == []
+            objs, remote = jit_pool.compile_objects(texts, *cpu._host(), here)
+            ok = ok and remote == 1 and all(o[:4] == b"\x7fELF" for o in objs)
+            ok = ok and all(w not in parents for w in jit_pool._state["all"])
+            jit_pool._close_all()
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    objs, remote = jit_pool.compile_objects(texts, *cpu._host(), here)
+    assert remote == 1 and all(w.alive() for w in parents)
+
+
+def test_a_worker_killed_while_idle_is_replaced_without_counting_a_failure(monkeypatch):
+    """Ctrl-C in a terminal reaches the whole process group; the workers ignore it, but one killed
+    anyway (kill -9) is found dead before it is handed out and replaced."""
+    import signal
+    monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
+    jit_pool.prestart()
     with jit_pool._lock:
-        jit_pool._state.update(pid=real, idle=[w for w in parents if w is not None], all=parents)
+        w = jit_pool._state["idle"][0]
+        failures = jit_pool._state["failures"]
+    w.proc.send_signal(signal.SIGINT)  # ignored
+    texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
+    here = lambda t: cpu._target_machine().emit_object(cpu._optimized(t))  # noqa: E731
+    assert jit_pool.compile_objects(texts, *cpu._host(), here)[1] == 1 and w.alive()
+    w.proc.kill()
+    w.proc.wait()
+    assert jit_pool.compile_objects(texts, *cpu._host(), here)[1] == 1  # a fresh worker did it
+    with jit_pool._lock:
+        assert jit_pool._state["failures"] == failures and w not in jit_pool._state["all"]
+
+
+def test_a_module_llvm_refuses_through_the_pool_keeps_the_worker(monkeypatch):
+    monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
+    jit_pool.prestart()
+    with jit_pool._lock:
+        before = list(jit_pool._state["all"])
+    bad = ["define void @f() {\n ret void\n}", "define void @g( {"]
+    with pytest.raises(RuntimeError):  # LLVM's own error, from compiling it here
+        jit_pool.compile_objects(bad, *cpu._host(), lambda t: cpu._target_machine().emit_object(cpu._optimized(t)))
+    with jit_pool._lock:
+        assert jit_pool._state["all"] == before
+
+
+def test_a_worker_of_another_llvmlite_is_not_used(monkeypatch, caplog):
+    """The disk cache's key names this process's llvmlite: a worker that imports another (its
+    hello says which) compiles nothing; the module compiles here."""
+    monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
+    monkeypatch.setitem(jit_pool._state, "failures", 0)
+    jit_pool._close_all()
+    jit_pool.prestart()  # a worker that has not said hello yet
+    monkeypatch.setattr(jit_pool, "identity", lambda: ("0.0.0", (1, 0, 0)))
+    texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
+    with caplog.at_level(logging.INFO, logger="minicomp"):
+        objs, remote = jit_pool.compile_objects(
+            texts, *cpu._host(), lambda t: cpu._target_machine().emit_object(cpu._optimized(t)))
+    assert remote == 0 and all(o[:4] == b"\x7fELF" for o in objs)
+    assert any("compile worker runs" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    jit_pool.prestart()
 
 
 def test_after_max_failures_no_new_workers_start(monkeypatch, caplog):
     monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
     monkeypatch.setitem(jit_pool._state, "failures", 0)
-    jit_pool.prestart()
     texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
     here = lambda t: cpu._target_machine().emit_object(cpu._optimized(t))  # noqa: E731
+    take = jit_pool._take
+
+    def take_and_kill(n):  # each worker dies after it was handed out, before it answers
+        got = take(n)
+        for w in got:
+            w.proc.kill()
+        return got
+    monkeypatch.setattr(jit_pool, "_take", take_and_kill)
     with caplog.at_level(logging.INFO, logger="minicomp"):
         for _ in range(jit_pool.MAX_FAILURES):
-            with jit_pool._lock:
-                w = next(w for w in jit_pool._state["idle"])
-            w.proc.kill()
-            w.proc.wait()
             objs, remote = jit_pool.compile_objects(texts, *cpu._host(), here)
             assert remote == 0 and all(o[:4] == b"\x7fELF" for o in objs)
-            jit_pool.prestart()
     assert any("compile workers failed" in r.getMessage() for r in caplog.records)
-    with jit_pool._lock:
-        assert not [w for w in jit_pool._state["all"] if w is not None]
-    assert jit_pool.submit(texts[1], *cpu._host()) is None  # no worker: the caller compiles in process
+    assert jit_pool._state["failures"] == jit_pool.MAX_FAILURES
+    assert jit_pool.submit(texts[1], *cpu._host()) is None  # none starts: the caller compiles in process
+    monkeypatch.setattr(jit_pool, "_take", take)
     monkeypatch.setitem(jit_pool._state, "failures", 0)
     jit_pool.prestart()  # the next test finds a worker again
+
+
+def test_the_llvm_dump_holds_every_module(fresh, monkeypatch, tmp_path):
+    import minicomp
+    monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
+    model = _block().eval()
+    with torch.no_grad():
+        minicomp.compile(model, backend="cpu", debug=str(tmp_path / "dump"))(torch.randn(2, 16, 64))
+    (graph,) = [d for d in (tmp_path / "dump").iterdir() if d.is_dir()]
+    (llvm,) = [f for f in graph.iterdir() if f.name.endswith("_llvm.txt")]
+    text = llvm.read_text()
+    assert "module 1 of 2" in text and "module 2 of 2" in text
+    assert len(BODY_DEFINITION.findall(text)) >= 6  # every kernel's body is in one of them
