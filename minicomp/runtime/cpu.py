@@ -1,5 +1,8 @@
 """CPU runtime: JIT LLVM IR with llvmlite (cached on disk as object code) and run programs.
 
+A graph's LLVM IR is one module or several (codegen/llvm_module.py); JitModule loads each from the
+disk cache or compiles it, the first here and the others on compile workers meanwhile (jit_pool.py).
+
 Kernel launches are prepared at compile time (a function pointer, the env slots of its buffers, the
 outer extent to split across threads) and run as steps of a runtime/program.py Program.
 
