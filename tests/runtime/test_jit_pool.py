@@ -97,20 +97,26 @@ def test_no_workers_one_module(fresh, monkeypatch):
         assert g.detail["llvm_modules"] == 1 and g.detail["llvm_in_workers"] == 0
 
 
+def _kill_when_taken(monkeypatch):
+    """Every worker handed out dies before it answers; returns the real _take."""
+    take = jit_pool._take
+
+    def take_and_kill(n):
+        got = take(n)
+        for w in got:
+            w.proc.kill()
+        return got
+    monkeypatch.setattr(jit_pool, "_take", take_and_kill)
+    return take
+
+
 def test_a_worker_dying_mid_compile_costs_an_in_process_compile_and_is_replaced(fresh, monkeypatch, caplog):
     monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
     monkeypatch.setitem(jit_pool._state, "failures", 0)
     jit_pool.prestart()
     with jit_pool._lock:
         victim = jit_pool._state["idle"][0]
-    take = jit_pool._take
-
-    def take_and_kill(n):  # the worker dies after it was handed out, before it answers
-        got = take(n)
-        for w in got:
-            w.proc.kill()
-        return got
-    monkeypatch.setattr(jit_pool, "_take", take_and_kill)
+    take = _kill_when_taken(monkeypatch)
     with caplog.at_level(logging.INFO, logger="minicomp"):
         compiled = assert_matches_eager(_block(), torch.randn(2, 16, 64), backend="cpu")
     detail = compiled.report().graphs[0].detail
@@ -207,14 +213,7 @@ def test_after_max_failures_no_new_workers_start(monkeypatch, caplog):
     monkeypatch.setitem(jit_pool._state, "failures", 0)
     texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
     here = lambda t: cpu._target_machine().emit_object(cpu._optimized(t))  # noqa: E731
-    take = jit_pool._take
-
-    def take_and_kill(n):  # each worker dies after it was handed out, before it answers
-        got = take(n)
-        for w in got:
-            w.proc.kill()
-        return got
-    monkeypatch.setattr(jit_pool, "_take", take_and_kill)
+    take = _kill_when_taken(monkeypatch)
     with caplog.at_level(logging.INFO, logger="minicomp"):
         for _ in range(jit_pool.MAX_FAILURES):
             objs, remote = jit_pool.compile_objects(texts, *cpu._host(), here)
