@@ -1,10 +1,11 @@
 """The `cpu` backend: fused graph -> LLVM IR (codegen/llvm.py) -> llvmlite JIT (runtime/cpu.py) -> Program.
 
 One LLVM module holds every kernel of a graph, or, for a graph with enough distinct kernel bodies,
-several of about equal work that compile side by side on the machine's cores (runtime/jit_pool.py). How each kernel runs (one call over its whole
-outer range, chunks on torch's OpenMP team, or chunks on our pool) is decided here, when compiling,
-from its size and the machine's threads; the module's text depends on it, so the text a built
-graph keeps (ctx.artifacts) is keyed by what those decisions read.
+several of about equal work that compile side by side on the machine's cores (runtime/jit_pool.py).
+How each kernel runs (one call over its whole outer range, chunks on torch's OpenMP team, or chunks
+on our pool) is decided here, when compiling, from its size and the machine's threads; the modules'
+text depends on it, so the text a built graph keeps (ctx.artifacts) is keyed by what those
+decisions read (and by how many modules it was split into).
 """
 from __future__ import annotations
 

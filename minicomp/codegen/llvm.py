@@ -37,7 +37,6 @@ Every body is out of line and every entry point `optnone` (_entry).
 """
 from __future__ import annotations
 
-
 import llvmlite.ir as ir
 
 from ..ir import sym

@@ -13,6 +13,7 @@ from .collapse import collapse
 from .llvm import KernelCodegen
 
 BODY_DEFINITION = re.compile(r'^define internal void @"[^"]*_body"', re.M)  # one per distinct body (body_key)
+ENTRY_COST = 300  # a kernel's entry points against its body's text length, for balancing modules
 
 
 def body_key(k: Kernel, whole: bool) -> str:
@@ -71,5 +72,3 @@ def generate_modules(kernels, parts: int, name: str = "minicomp", whole=lambda k
             on_text(i, texts[i])
     return texts, [k for k, _, _ in items]
 
-
-ENTRY_COST = 300  # a kernel's entry points against its body's text length, for balancing modules

@@ -133,19 +133,15 @@ def _pow(b, x, y):
     number = isinstance(y, (int, float)) and not isinstance(y, bool)
     if number and isinstance(x, Node) and x.type.dtype not in FLOATS and isinstance(y, int) and y < 0:
         raise Unsupported("integers to negative integer powers (torch raises)")
-    if number and y == 2:
-        xt = b.tensor(x, dt)
-        return b.emit("mul", xt, xt)
     if number and y == 1:
         return b.tensor(x, dt)
     if number and y in _POW_AS and dt in _POW_AS_DTYPES:
         return b.emit(_POW_AS[y], b.tensor(x, dt))
-    if number and y == 3 and (dt in _POW_AS_DTYPES or dt not in FLOATS):
-        xt = b.tensor(x, dt)
-        return b.emit("mul", b.emit("mul", xt, xt), xt)
-    if number and y == -2 and dt in _POW_AS_DTYPES:
-        xt = b.tensor(x, dt)
-        return b.emit("reciprocal", b.emit("mul", xt, xt))
+    if number and y in (2, 3, -2) and (y == 2 or dt in _POW_AS_DTYPES or y == 3 and dt not in FLOATS):
+        xt = b.tensor(x, dt)  # products, as eager's kernels multiply (x*x for every dtype)
+        p = b.emit("mul", xt, xt)
+        p = b.emit("mul", p, xt) if y == 3 else p
+        return b.emit("reciprocal", p) if y < 0 else p
     return b.emit("pow", b.tensor(x, dt), b.tensor(y, dt))
 
 

@@ -108,7 +108,6 @@ class Expr:
                         atoms[k2] = a2
                     const = const + atom.expr.const * coef
         self.const = const
-        self._key = None
         order = sorted(merged, key=lambda k: atoms[k]._order) if len(merged) > 1 else merged
         self.terms = tuple((atoms[k], merged[k]) for k in order if not _is0(merged[k]))
 

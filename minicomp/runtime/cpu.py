@@ -28,7 +28,7 @@ import torch
 
 from .. import options
 from ..errors import KernelIndexError, KernelZeroDivisionError
-from . import cache, jit_pool
+from . import cache, jit_pool, llvm_worker
 
 _KERNEL_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 _RUN_T = ctypes.CFUNCTYPE(None)
@@ -112,18 +112,14 @@ def _pool() -> ThreadPoolExecutor:
         return _state["pool"]
 
 
-def _optimized(ir_text: str):
-    """The module, parsed, verified and optimized at O3."""
-    mod = llvm.parse_assembly(ir_text)
-    mod.verify()
-    pb = llvm.create_pass_builder(_target_machine(), llvm.PipelineTuningOptions(speed_level=3))
-    pb.getModulePassManager().run(mod, pb)
-    return mod
-
-
 def optimize(ir_text: str) -> str:
     """The O3-optimized IR as text (tests look for vector types in it)."""
-    return str(_optimized(ir_text))
+    return str(llvm_worker.optimized_module(_target_machine(), ir_text))
+
+
+def compile_object(ir_text: str) -> bytes:
+    """Object code for one module, compiled in this process (as a compile worker would)."""
+    return llvm_worker.compile_object(_target_machine(), ir_text)
 
 
 def _cache_key(ir_text: str) -> str:
@@ -162,7 +158,7 @@ class JitModule:
         self.cached, self.in_workers = not missing, 0
         if missing:
             objs, self.in_workers = jit_pool.compile_objects(
-                [texts[i] for i in missing], *_host(), lambda t: _target_machine().emit_object(_optimized(t)),
+                [texts[i] for i in missing], *_host(), compile_object,
                 {missing.index(i): j for i, j in jobs.items()})
             for i, obj in zip(missing, objs):
                 self.engines[i] = self._load(obj)

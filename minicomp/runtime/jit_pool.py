@@ -39,7 +39,7 @@ ANSWER_S = 600.0  # nor one that has not answered a module by then: killed, the 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llvm_worker.py")
 log = logging.getLogger("minicomp")
 _lock = threading.Lock()
-_state: dict = {"pid": None, "idle": [], "all": [], "failures": 0}
+_state: dict = {"idle": [], "all": [], "failures": 0}
 
 
 class Refused(RuntimeError):
@@ -135,24 +135,16 @@ def _forget_after_fork() -> None:
                     f.close()
                 except OSError:
                     pass
-    _state.update(pid=os.getpid(), idle=[], all=[], failures=0)
+    _state.update(idle=[], all=[], failures=0)
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-def _mine() -> None:
-    """Forget workers started by the process this one was forked from (under _lock)."""
-    if _state["pid"] != os.getpid():
-        _state.update(pid=os.getpid(), idle=[], all=[], failures=0)
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def prestart() -> None:
     """Start the workers now (if they are not running), so they are ready when the modules are."""
     want = workers()
     with _lock:
-        _mine()
         for w in [w for w in _state["idle"] if not w.alive()]:  # killed meanwhile (by a signal): replaced,
             _state["idle"].remove(w)                           # not counted as a failure of ours
             _state["all"].remove(w)
@@ -172,7 +164,6 @@ def prestart() -> None:
 
 def _take(n: int) -> list:
     with _lock:
-        _mine()
         got = [w for w in _state["idle"] if w.alive()][:n]
         for w in got:
             _state["idle"].remove(w)
@@ -181,7 +172,7 @@ def _take(n: int) -> list:
 
 def _give_back(w: _Worker, ok: bool) -> None:
     with _lock:
-        if _state["pid"] != os.getpid() or w not in _state["all"]:  # forked, or closed at exit meanwhile
+        if w not in _state["all"]:  # closed at exit meanwhile
             return
         if ok:
             _state["idle"].append(w)
@@ -256,8 +247,6 @@ def compile_objects(texts: list, cpu: str, features: str, compile_here, jobs: di
 @atexit.register
 def _close_all() -> None:
     with _lock:
-        if _state["pid"] != os.getpid():
-            return
         closing = [w for w in _state["all"] if w is not None]
         _state.update(idle=[], all=[])
     for w in closing:

@@ -1,8 +1,8 @@
 """A compile worker: LLVM IR text in, O3-optimized object code out (runtime/jit_pool.py starts it).
 
 Run as a script (`python -P llvm_worker.py`): it imports llvmlite and nothing of minicomp or torch,
-so it is ready about 50 ms after it starts (jit_pool imports this file only for its frame format
-and `identity`). Frames on stdin and stdout: an 8-byte little-endian length, then a pickle. The
+so it is ready about 50 ms after it starts (jit_pool and runtime/cpu.py import this file for its
+frame format, `identity` and the one definition of how a module compiles). Frames on stdin and stdout: an 8-byte little-endian length, then a pickle. The
 worker first writes identity() (its llvmlite and LLVM versions); then each request is (cpu name,
 cpu features, IR text) and each answer ("ok", object code) or ("error", LLVM's message). It
 compiles exactly as runtime/cpu.py does in process (one target machine at opt=3, the new pass
@@ -43,13 +43,19 @@ def write_frame(stream, obj) -> None:
     stream.flush()
 
 
-def compile_object(tm, ir_text: str) -> bytes:
-    """Parse, verify, O3, machine code: the object file's bytes."""
+def optimized_module(tm, ir_text: str):
+    """The module parsed, verified and optimized at O3 for target machine `tm`: how minicomp
+    optimizes every CPU module, here or in process (runtime/cpu.py)."""
     mod = llvm.parse_assembly(ir_text)
     mod.verify()
     pb = llvm.create_pass_builder(tm, llvm.PipelineTuningOptions(speed_level=3))
     pb.getModulePassManager().run(mod, pb)
-    return tm.emit_object(mod)
+    return mod
+
+
+def compile_object(tm, ir_text: str) -> bytes:
+    """Parse, verify, O3, machine code: the object file's bytes."""
+    return tm.emit_object(optimized_module(tm, ir_text))
 
 
 def main() -> int:

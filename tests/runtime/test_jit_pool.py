@@ -56,9 +56,8 @@ def test_a_workers_object_code_is_the_bytes_compiled_here(monkeypatch):
     monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
     texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
     name, features = cpu._host()
-    here = [cpu._target_machine().emit_object(cpu._optimized(t)) for t in texts]
-    objs, remote = jit_pool.compile_objects(texts, name, features, lambda t: cpu._target_machine().emit_object(
-        cpu._optimized(t)))
+    here = [cpu.compile_object(t) for t in texts]
+    objs, remote = jit_pool.compile_objects(texts, name, features, cpu.compile_object)
     assert remote == 1 and objs == here
 
 
@@ -140,7 +139,7 @@ def test_a_forked_child_starts_workers_of_its_own(monkeypatch):
     with jit_pool._lock:
         parents = [w for w in jit_pool._state["all"] if w is not None]
     texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
-    here = lambda t: cpu._target_machine().emit_object(cpu._optimized(t))  # noqa: E731
+    here = cpu.compile_object
     pid = os.fork()
     if pid == 0:  # the child: only what it needs, then out without running the parent's atexit
         ok = False
@@ -169,7 +168,7 @@ def test_a_worker_killed_while_idle_is_replaced_without_counting_a_failure(monke
         failures = jit_pool._state["failures"]
     w.proc.send_signal(signal.SIGINT)  # ignored
     texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
-    here = lambda t: cpu._target_machine().emit_object(cpu._optimized(t))  # noqa: E731
+    here = cpu.compile_object
     assert jit_pool.compile_objects(texts, *cpu._host(), here)[1] == 1 and w.alive()
     w.proc.kill()
     w.proc.wait()
@@ -185,7 +184,7 @@ def test_a_module_llvm_refuses_through_the_pool_keeps_the_worker(monkeypatch):
         before = list(jit_pool._state["all"])
     bad = ["define void @f() {\n ret void\n}", "define void @g( {"]
     with pytest.raises(RuntimeError):  # LLVM's own error, from compiling it here
-        jit_pool.compile_objects(bad, *cpu._host(), lambda t: cpu._target_machine().emit_object(cpu._optimized(t)))
+        jit_pool.compile_objects(bad, *cpu._host(), cpu.compile_object)
     with jit_pool._lock:
         assert jit_pool._state["all"] == before
 
@@ -201,7 +200,7 @@ def test_a_worker_of_another_llvmlite_is_not_used(monkeypatch, caplog):
     texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
     with caplog.at_level(logging.INFO, logger="minicomp"):
         objs, remote = jit_pool.compile_objects(
-            texts, *cpu._host(), lambda t: cpu._target_machine().emit_object(cpu._optimized(t)))
+            texts, *cpu._host(), cpu.compile_object)
     assert remote == 0 and all(o[:4] == b"\x7fELF" for o in objs)
     assert any("compile worker runs" in r.getMessage() for r in caplog.records)
     monkeypatch.undo()
@@ -212,7 +211,7 @@ def test_after_max_failures_no_new_workers_start(monkeypatch, caplog):
     monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
     monkeypatch.setitem(jit_pool._state, "failures", 0)
     texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
-    here = lambda t: cpu._target_machine().emit_object(cpu._optimized(t))  # noqa: E731
+    here = cpu.compile_object
     take = _kill_when_taken(monkeypatch)
     with caplog.at_level(logging.INFO, logger="minicomp"):
         for _ in range(jit_pool.MAX_FAILURES):
