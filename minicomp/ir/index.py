@@ -45,9 +45,14 @@ class Var:
     __slots__ = ("name", "size", "_key", "_order")
 
     def __init__(self, name: str, size: int):
-        self.name, self.size = name, size
-        self._key = ("v", name)
-        self._order = repr(self._key)  # where its term sorts in an Expr
+        # the size is part of the key: an Expr's key then says all that its simplification used (the
+        # ranges of its variables), which the memo of linear/unravel relies on; terms still sort by name
+        for k, v in (("name", name), ("size", size), ("_key", ("v", name, _ck(size))), ("_order", repr(("v", name)))):
+            object.__setattr__(self, k, v)
+
+    def __setattr__(self, k, v):
+        raise AttributeError("a Var never changes: Exprs of several kernels share it (the memo of linear/unravel); "
+                             "make a new one")
 
     def __repr__(self):
         return self.name
@@ -327,12 +332,42 @@ def strides_of(shape) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+# linear() and unravel() results by their arguments' keys (with the variables' sizes in them) and
+# the SymEnv in force (whose ranges decide the simplifications over symbolic sizes). Scheduling a
+# model builds the same indices again and again: each kernel it tries, each schedule it makes
+# (fusion makes two or three, a training cut one per round), each identical layer. The entries keep
+# their arguments alive, so a loaded index value's identity in a key is never reused; the memo is
+# emptied when full. Exprs never change once built, so sharing them is safe.
+_memo: dict = {}
+MEMO_ENTRIES = 1 << 15
+
+
+def _memoized(key, make):
+    env = sym.current()
+    key = (key, id(env))
+    hit = _memo.get(key)
+    if hit is None:
+        if len(_memo) >= MEMO_ENTRIES:
+            _memo.clear()
+        hit = _memo[key] = (*make(), env)  # (arguments, result, env): all kept alive, their ids not reused
+    return hit[1]
+
+
+def _shape_key(shape) -> tuple:
+    return tuple(_ck(s) for s in shape)
+
+
 def linear(idx, shape) -> Expr:
-    """Flat row-major offset of a multi-index into a contiguous tensor of `shape`. Built as one Expr:
-    adding the dimensions one at a time built one per dimension, a fifth of a training cut's
-    scheduling. With a modulo among the terms it adds them one at a time as before: Expr's rule
-    that undoes a split (c*(X // c) + X % c) may then apply at any step."""
+    """Flat row-major offset of a multi-index into a contiguous tensor of `shape` (memoized)."""
     exprs = [Expr.of(e) for e in idx]
+    return _memoized(("linear", tuple(e.key() for e in exprs), _shape_key(shape)),
+                     lambda: (exprs, _linear(exprs, shape)))
+
+
+def _linear(exprs: list, shape) -> Expr:
+    """Built as one Expr: adding the dimensions one at a time built one per dimension, a fifth of a
+    training cut's scheduling. With a modulo among the terms it adds them one at a time as before:
+    Expr's rule that undoes a split (c*(X // c) + X % c) may then apply at any step."""
     strides = strides_of(shape)
     if any(type(a) is _Op and a.kind == "mod" for e in exprs for a, _ in e.terms):
         total = Expr(0)
@@ -347,6 +382,7 @@ def linear(idx, shape) -> Expr:
 
 
 def unravel(flat: Expr, shape) -> list[Expr]:
-    """The multi-index of a flat row-major offset (a reshape's source index)."""
-    return [Expr(0) if isinstance(s, int) and s <= 1 else flat.floordiv(st).mod(s)
-            for st, s in zip(strides_of(shape), shape)]
+    """The multi-index of a flat row-major offset (a reshape's source index; memoized)."""
+    return list(_memoized(("unravel", flat.key(), _shape_key(shape)), lambda: (flat, tuple(
+        Expr(0) if isinstance(s, int) and s <= 1 else flat.floordiv(st).mod(s)
+        for st, s in zip(strides_of(shape), shape)))))

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from minicomp import backends
 from minicomp.ir import ParseError, VerifyError, interpret, parse, prepare, round_trip, verify
 from minicomp.ir.index import Expr, Var
-from minicomp.ir.kernel import KExpr, Reduction
+from minicomp.ir.kernel import KExpr, Reduction, walk
 from minicomp.models import Block
 from tests.helpers import assert_matches_eager
 from tests.passes.test_fuse import SOFTMAX, compile_text
@@ -278,11 +278,32 @@ def test_verifier_names_the_line_after_earlier_kernels():
         verify(parse(bad))
 
 
+def rename_loop(k, name: str) -> None:
+    """Kernel k's first outer loop renamed wherever it appears (a Var never changes: a new one takes
+    its place in the loops, the loads' and index ops' expressions and the stores)."""
+    old = k.outer[0]
+    sub = {old.name: Var(name, old.size)}
+    k.outer = (sub[old.name],) + tuple(k.outer[1:])
+    stores = k.inner_stores + k.outer_stores
+    for e in walk([r.value for st in k.stages for r in st] + [s.value for s in stores]):
+        for a in ("index", "expr"):
+            if isinstance(e.attrs.get(a), Expr):
+                e.attrs[a] = e.attrs[a].substitute(sub)
+    for s in stores:
+        s.index = s.index.substitute(sub)
+
+
+def test_var_never_changes():
+    v = Var("i0", 8)
+    with pytest.raises(AttributeError, match="never changes"):
+        v.name = "i 0"
+
+
 def test_round_trip_names_the_first_line_that_differs():
     g = parse(FUSED)
     g.nodes[0].meta["kernel"].flops += 1
     round_trip(g)  # prints and reads back the same: flops are text
-    g.nodes[0].meta["kernel"].outer[0].name = "i 0"
+    rename_loop(g.nodes[0].meta["kernel"], "i 0")
     with pytest.raises(VerifyError, match="does not parse back|reads back as"):
         round_trip(g)
 
@@ -298,11 +319,11 @@ def test_pass_driver_checks_the_round_trip(monkeypatch):
     """With verify on, a pass whose result prints a text that does not read back stops the compile."""
     from minicomp.compiler import pipeline
 
-    def rename_loop(graph, ctx):  # still a valid kernel, but `i 0` is no name the text can carry
+    def rename(graph, ctx):  # still a valid kernel, but `i 0` is no name the text can carry
         for n in graph.nodes:
             if n.op == "kernel":
-                n.meta["kernel"].outer[0].name = "i 0"
+                rename_loop(n.meta["kernel"], "i 0")
         return graph
-    monkeypatch.setattr(pipeline, "KERNEL_PASSES", pipeline.KERNEL_PASSES + [("rename_loop", rename_loop)])
+    monkeypatch.setattr(pipeline, "KERNEL_PASSES", pipeline.KERNEL_PASSES + [("rename_loop", rename)])
     with pytest.raises(VerifyError, match="graph softmax: its text does not parse back"):
         compile_text(SOFTMAX)
