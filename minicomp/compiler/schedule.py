@@ -214,6 +214,30 @@ def view_layout(chain: list, base: Node):
     return root, t
 
 
+def view_facts(chain: list, base: Node) -> tuple:
+    """(torch makes chain[0] from contiguous `base` without a copy, and that view is contiguous, the
+    |strides| of its last two dims or None): the views in `chain` (last applied first) run on meta
+    tensors. Memoized by the shapes and the views' attributes, which decide all three: fusion asks
+    twice or three times per graph (each schedule's required buffers), a training cut once per round,
+    and identical layers ask alike; each answer costs a few torch calls on meta tensors."""
+    key = (tuple(sym_values.hinted(base.type.shape)),
+           tuple((v.op, repr(sym_values.hinted(v.attrs))) for v in chain))
+    hit = _view_memo.get(key)
+    if hit is None:
+        with real_meta():
+            root, t = view_layout(chain, base)
+            no_copy = t._is_view() and t._base is root
+            hit = (no_copy, no_copy and t.is_contiguous(), (abs(t.stride(-1)), abs(t.stride(-2))) if t.dim() >= 2 else None)
+        if len(_view_memo) >= VIEW_MEMO_ENTRIES:
+            _view_memo.clear()
+        _view_memo[key] = hit
+    return hit
+
+
+_view_memo: dict = {}
+VIEW_MEMO_ENTRIES = 4096
+
+
 def view_copies(chain: list, base: Node, kernel_ops) -> bool:
     """Whether torch would copy to run `chain` (views, last applied first) on `base`: a reshape of a
     permuted or sliced view. Known only where base's layout is (contiguous: an input, a constant, a
@@ -222,9 +246,7 @@ def view_copies(chain: list, base: Node, kernel_ops) -> bool:
         return False
     if base.op not in ("input", "constant", *CONTIGUOUS_TORCH_OPS) and runs_in_torch(base, kernel_ops):
         return False
-    with real_meta():
-        root, t = view_layout(chain, base)
-        return not (t._is_view() and t._base is root)
+    return not view_facts(chain, base)[0]
 
 
 TRANSPOSED_OPERANDS = ("mm", "bmm")  # torch ops that read an operand transposed in its last two dims as it is
@@ -243,9 +265,7 @@ def last_two_strides(reshape: Node, below: list, base: Node, kernel_ops) -> tupl
     if list(reshape.type.shape[-2:]) != list(reshape.args[0].type.shape[-2:]) or reshape.type.ndim < 2 \
             or view_copies(below, base, kernel_ops):
         return None
-    with real_meta():
-        t = view_layout(below, base)[1]
-        return abs(t.stride(-1)), abs(t.stride(-2))
+    return view_facts(below, base)[2]
 
 
 def _write_untransposed(chain: list, base: Node, kernel_ops) -> bool:
@@ -283,9 +303,7 @@ def _contiguous_view(o: Node, kernel_ops) -> bool:
         return False
     if runs_in_torch(base, kernel_ops) and base.op not in CONTIGUOUS_TORCH_OPS:
         return True  # torch's own view of torch's result, as eager makes it
-    with real_meta():
-        root, t = view_layout(chain, base)
-        return t._is_view() and t._base is root and t.is_contiguous()
+    return view_facts(chain, base)[1]
 
 
 def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
