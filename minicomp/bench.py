@@ -45,6 +45,7 @@ from minicomp.overhead import breakdown, format_breakdown
 
 from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, TRAIN_CASES, make_case, unavailable
 from minicomp.bench_train import format_train_table, run_train
+from minicomp.bench_traces import trace_only, warm_traces
 from minicomp.timing import grid, machine, peak_bytes, set_threads, time_interleaved
 
 OVERHEAD_BOUND_S = 200e-6  # a call below this is mostly host overhead: its breakdown goes in the output
@@ -75,17 +76,6 @@ def _max_err(actual, expected) -> tuple[float, float]:
     err = max(((x.float() - y.float()).abs().max().item() for x, y in zip(a, e)), default=0.0)
     scale = max((y.float().abs().max().item() for y in e), default=0.0)
     return err, scale
-
-
-def _trace_only():
-    """A Dynamo backend that runs AOTAutograd as minicomp does (same decompositions) and compiles
-    nothing: Dynamo's and AOTAutograd's traces, the part of minicomp's cold compile that is torch's."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
-
-    from minicomp.compiler.capture import _DECOMPOSITIONS
-    keep = lambda gm, _: make_boxed_func(gm)  # noqa: E731
-    return aot_autograd(fw_compiler=keep, bw_compiler=keep, inference_compiler=keep, decompositions=_DECOMPOSITIONS)
 
 
 def _timed_first_call(fn, inputs) -> tuple[float, object]:
@@ -122,12 +112,9 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
     # (a reset after a compile would make the timed callables recompile in their warm-up).
     torch._dynamo.reset()
     expected = fn(*inputs)
-    # Dynamo's process-wide state (the source-line index its tracing builds per file, lazy imports)
-    # is paid by whichever compiler first traces a file: 0.1 s for torch/nn/functional.py. An
-    # untimed trace with Dynamo's own eager backend pays it for both, so the cold columns compare
-    # the compilers, not the order they run in.
-    torch.compile(fn, backend="eager")(*inputs)
-    torch._dynamo.reset()
+    # the process's first-use costs of tracing this case, paid for both compilers (bench_traces.py):
+    # the cold columns compare the compilers, not the order they run in
+    warm_traces(lambda b: torch.compile(fn, backend=b)(*inputs))
     compile_s, _ = _timed_first_call(minicomp.compile(fn, backend=backend), inputs)
     notes = []
     try:
@@ -146,7 +133,7 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
         traced = torch.compile(fn, backend="eager")
         dynamo.append(_timed_first_call(traced, inputs)[0] - _timed_first_call(traced, inputs)[0])  # less a run
         torch._dynamo.reset()
-        traced = torch.compile(fn, backend=_trace_only())
+        traced = torch.compile(fn, backend=trace_only())
         traces.append(_timed_first_call(traced, inputs)[0] - _timed_first_call(traced, inputs)[0])
         torch._dynamo.reset()
         compiled = minicomp.compile(fn, backend=backend)

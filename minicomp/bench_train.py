@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import minicomp
 from minicomp.api import CompiledModule
 from minicomp.bench_cases import Case, make_train_case
+from minicomp.bench_traces import trace_only, warm_traces
 from minicomp.options import Options
 from minicomp.timing import grid, set_threads, time_interleaved
 
@@ -131,22 +132,21 @@ def trace_first_step(model, inputs, target) -> float | None:
     """Seconds of a first training step through Dynamo and AOTAutograd (minicomp's decompositions,
     PyTorch's default partition) that compiles nothing: the traces any compiler built on both pays,
     and the step run by torch. Its ratio to Inductor's first step is the least a compile-s ratio
-    can be. An untimed step of the same kind goes first: it pays the one-time costs of a process's
-    first trace (Dynamo's source-line index of each file it traces, AOTAutograd's first use), so
-    neither the timed steps nor the compilers timed after it pay them; the least of two timed ones
-    (a collection of the cycle collector lands on one or another). None where it fails."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
-
-    from minicomp.compiler.capture import _DECOMPOSITIONS
-    keep = lambda g, _: make_boxed_func(g)  # noqa: E731
+    can be. Untimed steps of the same kind go first (bench_traces.warm_traces, with each
+    compiler's decompositions): they pay the process's first-use costs of tracing this model for
+    both compilers, so neither the timed steps nor the compilers timed after them pay those; the
+    least of two timed ones (a collection of the cycle collector lands on one or another). None
+    where it fails."""
+    def step(backend):
+        traced = copy.deepcopy(model)
+        _grads_after_one_step(traced, torch.compile(traced, backend=backend), inputs, target)
+    warm_traces(step)
     seconds = []
     try:
-        for _ in range(3):
+        for _ in range(2):
             torch._dynamo.reset()
             traced = copy.deepcopy(model)
-            backend = aot_autograd(fw_compiler=keep, bw_compiler=keep, decompositions=_DECOMPOSITIONS)
-            fn = torch.compile(traced, backend=backend)
+            fn = torch.compile(traced, backend=trace_only())
             t0 = time.perf_counter()
             _grads_after_one_step(traced, fn, inputs, target)
             seconds.append(time.perf_counter() - t0)
@@ -154,7 +154,7 @@ def trace_first_step(model, inputs, target) -> float | None:
         return None
     finally:
         torch._dynamo.reset()
-    return min(seconds[1:])
+    return min(seconds)
 
 
 def _grads_f64(model, inputs, target):

@@ -66,3 +66,28 @@ def test_time_split_separates_torch_calls_from_kernels():
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     torch_s, kernel_s = bench.time_split(lambda x, y: torch.relu(x @ y) * 2, (a, b), "cpu", reps=4)
     assert torch_s > 0 and kernel_s > 0  # the matmul is a torch call, relu * 2 one kernel
+
+
+def test_warm_traces_run_both_compilers_tables():
+    """The untimed traces before a cold compile: Dynamo alone, then AOTAutograd with minicomp's and
+    with Inductor's decompositions; a trace that fails is skipped, and Dynamo is reset after them."""
+    from torch._dynamo.testing import CompileCounter
+
+    from minicomp import bench_traces
+    calls, tables = [], []
+    real = bench_traces.trace_only
+    bench_traces.trace_only = lambda decompositions=None: tables.append(decompositions) or real(decompositions)
+    try:
+        def step(backend):
+            calls.append(backend)
+            if len(calls) == 2:
+                raise RuntimeError("this table cannot trace it")
+            torch.compile(lambda x: torch.nn.functional.silu(x) * 2, backend=backend)(torch.randn(8))
+        bench_traces.warm_traces(step)
+    finally:
+        bench_traces.trace_only = real
+    assert len(calls) == 3 and calls[0] == "eager"
+    assert tables[0] is None and tables[1] == bench_traces.inductor_decompositions()
+    counter = CompileCounter()
+    torch.compile(lambda x: x + 1, backend=counter)(torch.randn(2))
+    assert counter.frame_count == 1

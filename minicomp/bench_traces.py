@@ -1,0 +1,44 @@
+"""The traces under every compile the benchmark times: Dynamo's, and AOTAutograd's with nothing
+compiled (`trace_only`), which both minicomp and Inductor run before their own work.
+
+A process pays first-use costs in these traces: Dynamo's source-line index of each file it traces,
+and each op's first meta kernel and decomposition run in AOTAutograd (0.1-0.4 s for an HF model's
+first trace). Whichever compiler traces a case first pays them, so the benchmark runs
+`warm_traces` before its cold compiles: untimed traces that pay them for both compilers, each
+with its own decomposition table. What stays in the cold columns is each compiler's own work:
+AOTAutograd's trace proper, lowering, passes and code generation.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def inductor_decompositions() -> dict:
+    """The decompositions Inductor has AOTAutograd apply."""
+    from torch._inductor.decomposition import select_decomp_table
+    return select_decomp_table()
+
+
+def trace_only(decompositions: dict | None = None):
+    """A Dynamo backend that runs AOTAutograd (minicomp's decompositions unless others are given)
+    and compiles nothing: Dynamo's and AOTAutograd's traces, the part of a cold compile that is
+    torch's."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    from minicomp.compiler.capture import _DECOMPOSITIONS
+    keep = lambda gm, _: make_boxed_func(gm)  # noqa: E731
+    return aot_autograd(fw_compiler=keep, bw_compiler=keep, inference_compiler=keep,
+                        decompositions=_DECOMPOSITIONS if decompositions is None else decompositions)
+
+
+def warm_traces(step) -> None:
+    """Run `step(backend)` untimed with Dynamo's eager backend and with AOTAutograd under each
+    compiler's decompositions (see the module note), each from a reset; a trace that fails is skipped."""
+    for backend in ("eager", trace_only(), trace_only(inductor_decompositions())):
+        torch._dynamo.reset()
+        try:
+            step(backend)
+        except Exception:  # an op one table cannot trace: the compiler that uses it pays its own first use
+            pass
+    torch._dynamo.reset()
