@@ -45,7 +45,7 @@ from minicomp.overhead import breakdown, format_breakdown
 
 from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, TRAIN_CASES, make_case, unavailable
 from minicomp.bench_train import format_train_table, run_train
-from minicomp.bench_traces import trace_only, warm_traces
+from minicomp.bench_traces import compile_parts, trace_only, warm_traces
 from minicomp.timing import grid, machine, peak_bytes, set_threads, time_interleaved
 
 OVERHEAD_BOUND_S = 200e-6  # a call below this is mostly host overhead: its breakdown goes in the output
@@ -115,7 +115,9 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
     # the process's first-use costs of tracing this case, paid for both compilers (bench_traces.py):
     # the cold columns compare the compilers, not the order they run in
     warm_traces(lambda b: torch.compile(fn, backend=b)(*inputs))
-    compile_s, _ = _timed_first_call(minicomp.compile(fn, backend=backend), inputs)
+    cold = minicomp.compile(fn, backend=backend)
+    compile_s, _ = _timed_first_call(cold, inputs)
+    cold_own_s, llvm_s = compile_parts(cold.report())
     notes = []
     try:
         torch._dynamo.reset()
@@ -188,7 +190,9 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
         "fresh_vs_inductor": t["fresh"] / t["inductor"] if inductor is not None else None,
         "bytes": moved, "gbps": gbps, "copy_gbps": copy_gbps, "pct_copy": 100 * gbps / copy_gbps,
         "compile_s": compile_s, "recompile_s": recompile_s, "own_s": own_s, "dynamo_s": dynamo_s, "trace_s": trace_s,
-        "trace_floor": trace_s / inductor_compile_s if inductor_compile_s else None,
+        "cold_own_s": cold_own_s, "llvm_s": llvm_s,
+        # a compile whose own work cost nothing would still trace, then run the model once
+        "trace_floor": (trace_s + t["minicomp"]) / inductor_compile_s if inductor_compile_s else None,
         "compile_vs_inductor": compile_s / inductor_compile_s if inductor_compile_s else None,
         "inductor_compile_s": inductor_compile_s, "inductor_again_s": inductor_again_s,
         "eager_peak_kib": eager_peak / 1024, "mc_peak_kib": mc_peak / 1024,
@@ -232,6 +236,7 @@ COLUMNS = [  # (header, row key, format)
     ("torch calls", "torch_share", "{:.0%}"), ("floor", "floor", "{:.2f}"),
     ("GB/s", "gbps", "{:.1f}"), ("% copy", "pct_copy", "{:.0f}%"),
     ("compile s", "compile_s", "{:.2f}"), ("compile/ind.", "compile_vs_inductor", "{:.2f}"),
+    ("cold own s", "cold_own_s", "{:.2f}"), ("llvm s", "llvm_s", "{:.2f}"),
     ("again s", "recompile_s", "{:.2f}"), ("own s", "own_s", "{:.2f}"),
     ("dynamo s", "dynamo_s", "{:.2f}"), ("trace s", "trace_s", "{:.2f}"), ("trace/ind.", "trace_floor", "{:.2f}"),
     ("inductor s", "inductor_compile_s", "{:.2f}"), ("ind. again s", "inductor_again_s", "{:.2f}"),
@@ -254,7 +259,8 @@ def format_table(rows: list) -> str:
                    f"(Dynamo traces again; minicomp's graph cache then skips AOTAutograd, lowering, passes and code generation, "
                    f"as Inductor's caches skip its own); own s = minicomp's part of that (building the program, loading machine code); "
                    f"dynamo s = Dynamo's trace alone (backend='eager', same rounds; its first call less its second): what no Dynamo-based compile goes under; trace s = Dynamo and AOTAutograd with nothing compiled (same decompositions, same rounds), "
-                   f"the part of a cold compile that is torch's, and trace/ind. that over Inductor's cold compile: the least a compile through both can be; "
+                   f"the part of a cold compile that is torch's, and trace/ind. that and one call over Inductor's cold compile: the least a compile through both can be; "
+                   f"cold own s = minicomp's part of the cold compile, llvm s = LLVM's O3 and machine code in it; "
                    f"torch calls = the share of a profiled minicomp call's step time (medians summed) in torch calls: "
                    f"matmuls and convolutions through BLAS/oneDNN, as Inductor calls them; the rest is minicomp's kernels; "
                    f"floor = that share x mc/inductor: the ratio left if minicomp's own kernels cost nothing; "

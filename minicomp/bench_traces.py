@@ -42,3 +42,11 @@ def warm_traces(step) -> None:
         except Exception:  # an op one table cannot trace: the compiler that uses it pays its own first use
             pass
     torch._dynamo.reset()
+
+
+def compile_parts(report) -> tuple[float, float]:
+    """(minicomp's own seconds in a compile, LLVM's seconds of them) from a compiled function's
+    report: every graph's compile (lowering, passes, code generation, loading) and every training
+    cut, and the graphs' `llvm_jit` phases (O3 and machine code, in this process and the workers)."""
+    own = sum(g.compile_s for g in report.graphs) + sum(p.seconds for p in report.partitions)
+    return own, sum(g.phases_ms.get("llvm_jit", 0.0) for g in report.graphs) / 1e3

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import minicomp
 from minicomp.api import CompiledModule
 from minicomp.bench_cases import Case, make_train_case
-from minicomp.bench_traces import trace_only, warm_traces
+from minicomp.bench_traces import compile_parts, trace_only, warm_traces
 from minicomp.options import Options
 from minicomp.timing import grid, set_threads, time_interleaved
 
@@ -180,6 +180,7 @@ def bench_train_case(name: str, backend: str, reps: int, quick: bool) -> dict:
     t0 = time.perf_counter()
     grads, loss = _grads_after_one_step(models["minicomp"], fns["minicomp"], case.inputs, target)
     compile_s = time.perf_counter() - t0
+    own_s, llvm_s = compile_parts(fns["minicomp"].report())
     want, loss_e = _grads_after_one_step(models["eager"], fns["eager"], case.inputs, target)
     _grads_after_one_step(models["noremat"], fns["noremat"], case.inputs, target)
     notes = []
@@ -225,7 +226,7 @@ def bench_train_case(name: str, backend: str, reps: int, quick: bool) -> dict:
         "torch_kib": torch_cut / 1024 if torch_cut is not None else None,
         "saved_share": ours / no_remat if no_remat else math.nan,
         "vs_torch_cut": ours / torch_cut if torch_cut else None,
-        "compile_s": compile_s, "inductor_compile_s": inductor_s, "trace_s": trace_s,
+        "compile_s": compile_s, "inductor_compile_s": inductor_s, "trace_s": trace_s, "own_s": own_s, "llvm_s": llvm_s,
         "trace_vs_inductor": trace_s / inductor_s if trace_s and inductor_s else None,
         "compile_vs_inductor": compile_s / inductor_s if inductor_s else None,
         "max_abs_err": err, "ok": ok, "notes": notes,
@@ -243,7 +244,8 @@ COLUMNS = [  # (header, row key, format)
     ("torch min-cut KiB", "torch_kib", "{:,.0f}"), ("saved/no-remat", "saved_share", "{:.0%}"),
     ("saved/torch", "vs_torch_cut", "{:.2f}"),
     ("compile s", "compile_s", "{:.2f}"), ("inductor s", "inductor_compile_s", "{:.2f}"),
-    ("compile/ind.", "compile_vs_inductor", "{:.2f}"), ("trace s", "trace_s", "{:.2f}"),
+    ("compile/ind.", "compile_vs_inductor", "{:.2f}"), ("own s", "own_s", "{:.2f}"), ("llvm s", "llvm_s", "{:.2f}"),
+    ("trace s", "trace_s", "{:.2f}"),
     ("trace/ind.", "trace_vs_inductor", "{:.2f}"), ("max abs err", "max_abs_err", "{:.1e}"),
 ]
 
@@ -279,7 +281,8 @@ def format_train_table(rows: list) -> str:
                "ind. kernels = the share of Inductor's step in the kernels Inductor generates (profiled); bound = 1 - that "
                "share, the mc/inductor a compiler reaches whose kernels cost nothing and whose every other cost (torch's "
                "matmuls and optimizer, Dynamo, AOTAutograd, autograd) is Inductor's; compile s = the first step (cold disk "
-               "caches; the process has traced once before, see trace s), inductor s Inductor's; trace s = a first step through Dynamo and AOTAutograd that compiles nothing (same "
+               "caches; the process has traced once before, see trace s), inductor s Inductor's; own s = minicomp's part of the "
+               "first step (the cut, the forward's and backward's code), llvm s = LLVM's O3 and machine code in it; trace s = a first step through Dynamo and AOTAutograd that compiles nothing (same "
                "decompositions, PyTorch's partition; the step run by torch), and trace/ind. that over Inductor's: the least "
                "compile/ind. a compiler built on both can reach")
     out += [f"{r['case']}: {n}" for r in rows for n in r["notes"]]

@@ -75,6 +75,7 @@ class PartitionReport:
     recomputed: list     # (value, op, bytes its recomputation saves, flops it adds)
     rules: str = ""      # the recompute rules that made the cut (remat_budget may relax them)
     budget: float | None = None
+    seconds: float = 0.0  # the cut's time: lowering the joint graph, the min cuts, scheduling, extracting fx modules
 
     def __str__(self) -> str:
         share = self.saved_bytes / self.no_remat_bytes if self.no_remat_bytes else 1.0

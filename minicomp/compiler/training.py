@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import itertools
 import logging
+import time
 
 import torch
 import torch.fx as fx
@@ -237,6 +238,7 @@ def _flat(joint_inputs) -> list:
 def run(joint: fx.GraphModule, num_fwd_outputs: int, options: Options, report: Report, kernel_ops,
         static_nodes=frozenset(), sizes=None):
     """Cut `joint` with the min cut; returns AOTAutograd's (forward module, backward module)."""
+    t0 = time.perf_counter()
     name = f"joint_{next(_names)}"
     dump = Dumper(options, name)
     dump.stage("fx", lambda: joint.print_readable(print_output=False), level=3)
@@ -270,7 +272,8 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, options: Options, report: R
                   for n in ours.recomputed if n.op in OPS and OPS[n.op].category not in ("view", "creation")]
     report.partitions.append(PartitionReport(
         name, "min-cut" if options.remat else "remat=False", ours.saved_bytes, baseline.saved_bytes,
-        [(names(n), partition.nbytes(n)) for n in ours.saved], recomputed, ours.level, options.remat_budget))
+        [(names(n), partition.nbytes(n)) for n in ours.saved], recomputed, ours.level, options.remat_budget,
+        time.perf_counter() - t0))
     dump.summary(str(report.partitions[-1]))
     fw.meta[USER_OUTPUTS] = num_fwd_outputs  # the outputs AOTAutograd hands back (output_layout.py)
     return fw, bw

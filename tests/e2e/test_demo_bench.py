@@ -9,7 +9,7 @@ from minicomp import bench, demo
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW_KEYS = {"case", "shape", "backend", "eager_ms", "minicomp_ms", "inductor_ms", "vs_eager", "vs_inductor",
-            "bytes", "gbps", "copy_gbps", "pct_copy", "compile_s", "recompile_s", "own_s", "dynamo_s", "trace_s", "trace_floor", "inductor_compile_s",
+            "bytes", "gbps", "copy_gbps", "pct_copy", "compile_s", "recompile_s", "own_s", "cold_own_s", "llvm_s", "dynamo_s", "trace_s", "trace_floor", "inductor_compile_s",
             "compile_vs_inductor", "inductor_again_s", "fresh_ms", "fresh_vs_eager", "fresh_vs_inductor",
             "eager_peak_kib", "mc_peak_kib", "max_abs_err", "ok", "notes", "overhead_us", "torch_share", "floor"}
 
@@ -27,6 +27,12 @@ def test_bench_rows_and_table():
         assert set(r) == ROW_KEYS
         assert r["ok"] and r["max_abs_err"] < 1e-5
         assert r["eager_ms"] > 0 and r["minicomp_ms"] > 0 and r["fresh_ms"] > 0 and r["copy_gbps"] > 0
+    # the cold compile's parts: minicomp's own work (LLVM's share of it) inside the whole first call
+    for r in rows:
+        assert 0 < r["llvm_s"] <= r["cold_own_s"] < r["compile_s"]
+        if r["inductor_compile_s"]:  # the floor: the traces and one call
+            want = (r["trace_s"] + r["minicomp_ms"] / 1e3) / r["inductor_compile_s"]
+            assert abs(r["trace_floor"] - want) < 1e-9
     # cos_cos is one kernel and no torch call: its profiled steps say so
     assert rows[0]["torch_share"] == 0 and rows[0]["floor"] == 0
     assert rows[0]["bytes"] == 2 * 4 * (1 << 20)  # cos_cos: read x once, write the result once
@@ -41,7 +47,7 @@ def test_bench_rows_and_table():
 def test_wrong_rows_are_marked_and_left_out_of_the_geomean():
     row = {"case": "c", "shape": "1", "eager_ms": 1.0, "minicomp_ms": 0.5, "inductor_ms": None, "vs_eager": 0.5,
            "vs_inductor": None, "gbps": 1.0, "copy_gbps": 2.0, "pct_copy": 50.0, "compile_s": 0.1,
-           "recompile_s": 0.1, "own_s": 0.1, "dynamo_s": 0.1, "trace_s": 0.1, "trace_floor": None, "inductor_compile_s": None, "compile_vs_inductor": None,
+           "recompile_s": 0.1, "own_s": 0.1, "cold_own_s": 0.1, "llvm_s": 0.05, "dynamo_s": 0.1, "trace_s": 0.1, "trace_floor": None, "inductor_compile_s": None, "compile_vs_inductor": None,
            "inductor_again_s": None, "fresh_ms": 0.6, "fresh_vs_eager": 0.6, "fresh_vs_inductor": None,
            "eager_peak_kib": 2.0, "mc_peak_kib": 1.0, "max_abs_err": 1.0, "ok": False, "notes": [],
            "torch_share": None, "floor": None}
