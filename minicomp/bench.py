@@ -45,7 +45,7 @@ from minicomp.overhead import breakdown, format_breakdown
 
 from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, TRAIN_CASES, make_case, unavailable
 from minicomp.bench_train import format_train_table, run_train
-from minicomp.bench_traces import compile_parts, trace_only, warm_traces
+from minicomp.bench_traces import collect, compile_parts, trace_only, warm_traces
 from minicomp.timing import grid, machine, peak_bytes, set_threads, time_interleaved
 
 OVERHEAD_BOUND_S = 200e-6  # a call below this is mostly host overhead: its breakdown goes in the output
@@ -79,6 +79,7 @@ def _max_err(actual, expected) -> tuple[float, float]:
 
 
 def _timed_first_call(fn, inputs) -> tuple[float, object]:
+    collect()
     t0 = time.perf_counter()
     out = fn(*inputs)
     return time.perf_counter() - t0, out

@@ -6,9 +6,12 @@ and each op's first meta kernel and decomposition run in AOTAutograd (0.1-0.4 s 
 first trace). Whichever compiler traces a case first pays them, so the benchmark runs
 `warm_traces` before its cold compiles: untimed traces that pay them for both compilers, each
 with its own decomposition table. What stays in the cold columns is each compiler's own work:
-AOTAutograd's trace proper, lowering, passes and code generation.
+AOTAutograd's trace proper, lowering, passes and code generation. Each timed compile starts
+after a full collection of the cycle collector (`collect`).
 """
 from __future__ import annotations
+
+import gc
 
 import torch
 
@@ -42,6 +45,14 @@ def warm_traces(step) -> None:
         except Exception:  # an op one table cannot trace: the compiler that uses it pays its own first use
             pass
     torch._dynamo.reset()
+
+
+def collect() -> None:
+    """A full collection of the cycle collector, before each timed compile of either compiler. A
+    full collection of a heap holding a few models takes 0.2-0.5 s here, and one that lands inside a
+    compile (Dynamo's trace allocates a lot) added that to whichever compiler it hit; after a full
+    collection the next waits until the long-lived objects grew by a quarter (CPython's rule)."""
+    gc.collect()
 
 
 def compile_parts(report) -> tuple[float, float]:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import minicomp
 from minicomp.api import CompiledModule
 from minicomp.bench_cases import Case, make_train_case
-from minicomp.bench_traces import compile_parts, trace_only, warm_traces
+from minicomp.bench_traces import collect, compile_parts, trace_only, warm_traces
 from minicomp.options import Options
 from minicomp.timing import grid, set_threads, time_interleaved
 
@@ -147,6 +147,7 @@ def trace_first_step(model, inputs, target) -> float | None:
             torch._dynamo.reset()
             traced = copy.deepcopy(model)
             fn = torch.compile(traced, backend=trace_only())
+            collect()
             t0 = time.perf_counter()
             _grads_after_one_step(traced, fn, inputs, target)
             seconds.append(time.perf_counter() - t0)
@@ -177,6 +178,7 @@ def bench_train_case(name: str, backend: str, reps: int, quick: bool) -> dict:
     trace_s = trace_first_step(case.fn, case.inputs, target)
     fns = {"eager": models["eager"], "minicomp": minicomp.compile(models["minicomp"], backend=backend),
            "noremat": minicomp.compile(models["noremat"], backend=backend, remat=False)}
+    collect()
     t0 = time.perf_counter()
     grads, loss = _grads_after_one_step(models["minicomp"], fns["minicomp"], case.inputs, target)
     compile_s = time.perf_counter() - t0
@@ -186,6 +188,7 @@ def bench_train_case(name: str, backend: str, reps: int, quick: bool) -> dict:
     notes = []
     try:
         fns["inductor"] = torch.compile(models["inductor"])
+        collect()
         t0 = time.perf_counter()
         _grads_after_one_step(models["inductor"], fns["inductor"], case.inputs, target)
         inductor_s = time.perf_counter() - t0
