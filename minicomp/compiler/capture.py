@@ -43,6 +43,13 @@ _DECOMPOSITIONS.update(get_decompositions([torch.ops.aten.native_layer_norm.defa
 # ATen's CPU flash-attention decomposition returns the attention weights where its backward expects
 # the logsumexp (it is meant for inference export); lower_nn.py lowers the op whole instead.
 _DECOMPOSITIONS.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+# index_add and index_copy decompose to index_put, which takes a negative index as counted from the
+# end, where eager's ops raise IndexError: they run in torch as they are (index_put ran there too),
+# and so does index_fill (which takes negative indices), whose decomposition is an index_copy
+for _op in (torch.ops.aten.index_add, torch.ops.aten.index_add_, torch.ops.aten.index_copy, torch.ops.aten.index_copy_,
+            torch.ops.aten.index_fill, torch.ops.aten.index_fill_):
+    for _overload in _op.overloads():
+        _DECOMPOSITIONS.pop(getattr(_op, _overload), None)
 _names = itertools.count()
 log = logging.getLogger("minicomp")
 

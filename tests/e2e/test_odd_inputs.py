@@ -230,6 +230,28 @@ def test_out_of_range_indices_raise_like_eager(backend):
         torch.testing.assert_close(c(x, good), f(x, good))
 
 
+@pytest.mark.parametrize("backend", ["interpret", "cpu", "cuda_emu"])
+def test_index_add_copy_fill_take_indices_as_eager(backend):
+    """index_add and index_copy raise on a negative index as eager does (their
+    decompositions, an index_put, counted it from the end), and index_fill takes one as eager does;
+    values and gradients match eager's."""
+    import minicomp
+
+    def f(x, i, src):
+        return x.index_add(0, i, src * 2), x.index_copy(0, i, src.sin()), x.index_fill(1, i[1:], -1.5) * x
+    x, src = torch.randn(5, 3), torch.randn(2, 3)
+    assert_matches_eager(f, x.clone().requires_grad_(), torch.tensor([4, 1]), src.clone().requires_grad_(),
+                         backend=backend)
+    for op in (lambda x, i, s: x.index_add(0, i, s), lambda x, i, s: x.index_copy(0, i, s)):
+        for bad in (torch.tensor([0, -1]), torch.tensor([0, 5])):
+            with pytest.raises((IndexError, RuntimeError)) as want:  # which one depends on eager's kernel
+                op(x, bad, src)
+            with pytest.raises(want.type):
+                minicomp.compile(op, backend=backend)(x, bad, src)
+    fill = minicomp.compile(lambda x, i: x.index_fill(0, i, 3.0), backend=backend)
+    torch.testing.assert_close(fill(x, torch.tensor([0, -1])), x.index_fill(0, torch.tensor([0, -1]), 3.0))
+
+
 def test_an_error_inside_a_torch_module_names_the_module_not_minicomp():
     """A torch.nn module compiled directly leaves Dynamo no frame of the user's: the error names the
     module (and the submodule path), never minicomp's own entry code."""
