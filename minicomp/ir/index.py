@@ -54,6 +54,9 @@ class Var:
         raise AttributeError("a Var never changes: Exprs of several kernels share it (the memo of linear/unravel); "
                              "make a new one")
 
+    def __reduce__(self):  # pickle and deepcopy build it anew (they would set its slots one by one)
+        return Var, (self.name, self.size)
+
     def __repr__(self):
         return self.name
 

@@ -294,9 +294,15 @@ def rename_loop(k, name: str) -> None:
 
 
 def test_var_never_changes():
+    """Vars are shared between kernels (ir/index.py's memo): none changes, and a copy is a new one."""
+    import copy
+    import pickle
     v = Var("i0", 8)
     with pytest.raises(AttributeError, match="never changes"):
         v.name = "i 0"
+    e = Expr.of(v) * 3 + 1
+    for c in (pickle.loads(pickle.dumps(e)), copy.deepcopy(e)):
+        assert c.key() == e.key() and c.terms[0][0] is not v and c.terms[0][0].size == 8
 
 
 def test_round_trip_names_the_first_line_that_differs():
