@@ -17,7 +17,8 @@ TRAIN_EXTERNS = {
     "small_cnn": {"aten.convolution_backward.default", "aten.max_pool2d_with_indices_backward.default",
                   "aten.avg_pool2d_backward.default"},
     "reductions": {"aten.cumprod.default"},                                   # prod's backward
-    "embedding": {"aten.index_put.default", "aten.scatter_add.default"},      # embedding's and gather's backward
+    "embedding": {"aten.index_put.default", "aten.scatter_add.default",      # embedding's and gather's backward
+                  "aten.index_add.default"},                                  # index_select's backward
 }
 
 # ATen's CPU decomposition of flash attention returns the probabilities where its backward expects the
