@@ -227,7 +227,8 @@ def view_facts(chain: list, base: Node) -> tuple:
         with real_meta():
             root, t = view_layout(chain, base)
             no_copy = t._is_view() and t._base is root
-            hit = (no_copy, no_copy and t.is_contiguous(), (abs(t.stride(-1)), abs(t.stride(-2))) if t.dim() >= 2 else None)
+            last_two = (abs(t.stride(-1)), abs(t.stride(-2))) if t.dim() >= 2 else None
+            hit = (no_copy, no_copy and t.is_contiguous(), last_two)
         if len(_view_memo) >= VIEW_MEMO_ENTRIES:
             _view_memo.clear()
         _view_memo[key] = hit
