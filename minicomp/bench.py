@@ -17,12 +17,14 @@ run (what this machine can actually stream). A memory-bound kernel near 100% has
 gain. Each row also carries minicomp's max abs error against eager, and a row outside the
 tolerance is marked WRONG and left out of the geomean: a fast wrong answer never looks good.
 
-Compile times: the first call with cold caches, then a recompile in the same process after
-`torch._dynamo.reset()` (`again s`), minicomp's own part of it (`own s`), and Dynamo's trace alone
-(`dynamo s`: its `eager` backend's first call less its second), which every Dynamo-based compiler
-pays before its own work, and `trace s`: Dynamo and AOTAutograd's traces with nothing compiled, as
-minicomp runs them (`trace/ind.`: that over Inductor's cold compile, the least ratio a compiler
-built on both can reach).
+Compile times: the first call with cold caches (`cold own s`: minicomp's part of it, `llvm s`: LLVM's
+in that), then a recompile in the same process after `torch._dynamo.reset()` (`again s`), minicomp's
+own part of it (`own s`), and Dynamo's trace alone (`dynamo s`: its `eager` backend's first call less
+its second), which every Dynamo-based compiler pays before its own work, and `trace s`: Dynamo and
+AOTAutograd's traces with nothing compiled, as minicomp runs them (`trace/ind.`: that and one call
+over Inductor's cold compile, the least ratio a compiler built on both can reach). Before the cold
+compiles, untimed traces pay the process's first-use costs of tracing for both compilers, and each
+timed compile starts after a full collection (bench_traces.py).
 """
 from __future__ import annotations
 
