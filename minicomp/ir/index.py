@@ -342,7 +342,7 @@ def strides_of(shape) -> tuple[int, ...]:
 # their arguments alive, so a loaded index value's identity in a key is never reused; the memo is
 # emptied when full. Exprs never change once built, so sharing them is safe.
 _memo: dict = {}
-MEMO_ENTRIES = 1 << 15
+MEMO_ENTRIES = 1 << 14
 
 
 def _memoized(key, make):
