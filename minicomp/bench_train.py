@@ -135,8 +135,8 @@ def trace_first_step(model, inputs, target) -> float | None:
     can be. Untimed steps of the same kind go first (bench_traces.warm_traces, with each
     compiler's decompositions): they pay the process's first-use costs of tracing this model for
     both compilers, so neither the timed steps nor the compilers timed after them pay those; the
-    least of two timed ones (a collection of the cycle collector lands on one or another). None
-    where it fails."""
+    least of two timed ones, each after a full collection (bench_traces.collect). None where it
+    fails."""
     def step(backend):
         traced = copy.deepcopy(model)
         _grads_after_one_step(traced, torch.compile(traced, backend=backend), inputs, target)

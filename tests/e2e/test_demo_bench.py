@@ -74,7 +74,7 @@ def test_time_split_separates_torch_calls_from_kernels():
     assert torch_s > 0 and kernel_s > 0  # the matmul is a torch call, relu * 2 one kernel
 
 
-def test_warm_traces_run_both_compilers_tables():
+def test_warm_traces_run_both_compilers_tables(monkeypatch):
     """The untimed traces before a cold compile: Dynamo alone, then AOTAutograd with minicomp's and
     with Inductor's decompositions; a trace that fails is skipped, and Dynamo is reset after them."""
     from torch._dynamo.testing import CompileCounter
@@ -82,16 +82,18 @@ def test_warm_traces_run_both_compilers_tables():
     from minicomp import bench_traces
     calls, tables = [], []
     real = bench_traces.trace_only
-    bench_traces.trace_only = lambda decompositions=None: tables.append(decompositions) or real(decompositions)
-    try:
-        def step(backend):
-            calls.append(backend)
-            if len(calls) == 2:
-                raise RuntimeError("this table cannot trace it")
-            torch.compile(lambda x: torch.nn.functional.silu(x) * 2, backend=backend)(torch.randn(8))
-        bench_traces.warm_traces(step)
-    finally:
-        bench_traces.trace_only = real
+
+    def trace_only(decompositions=None):
+        tables.append(decompositions)
+        return real(decompositions)
+    monkeypatch.setattr(bench_traces, "trace_only", trace_only)
+
+    def step(backend):
+        calls.append(backend)
+        if len(calls) == 2:
+            raise RuntimeError("this table cannot trace it")
+        torch.compile(lambda x: torch.nn.functional.silu(x) * 2, backend=backend)(torch.randn(8))
+    bench_traces.warm_traces(step)
     assert len(calls) == 3 and calls[0] == "eager"
     assert tables[0] is None and tables[1] == bench_traces.inductor_decompositions()
     counter = CompileCounter()
