@@ -56,8 +56,11 @@ def collect() -> None:
 
 
 def compile_parts(report) -> tuple[float, float]:
-    """(minicomp's own seconds in a compile, LLVM's seconds of them) from a compiled function's
-    report: every graph's compile (lowering, passes, code generation, loading) and every training
-    cut, and the graphs' `llvm_jit` phases (O3 and machine code, in this process and the workers)."""
-    own = sum(g.compile_s for g in report.graphs) + sum(p.seconds for p in report.partitions)
+    """(minicomp's own seconds in a compile, LLVM's seconds) from a compiled function's report: every
+    graph's compile (lowering, passes, code generation) and every training cut, and what the first
+    calls waited for LLVM (`llvm_wait`); the graphs' `llvm_jit` phases (O3, machine code and loading,
+    in the workers and on a thread of this process: after code generation, partly while Dynamo and
+    AOTAutograd finish, so only `llvm_wait` of it is in own)."""
+    own = sum(g.compile_s + g.phases_ms.get("llvm_wait", 0.0) / 1e3 for g in report.graphs)
+    own += sum(p.seconds for p in report.partitions)
     return own, sum(g.phases_ms.get("llvm_jit", 0.0) for g in report.graphs) / 1e3

@@ -65,11 +65,10 @@ def build(graph, ctx):
     parts = 1 + jit_pool.workers()
     # what launch modes and the split depend on
     key = ("llvm", cpu.threads(), cpu.openmp(), cpu.PARALLEL_MIN_WORK, sized, parts)
-    jobs: dict = {}  # modules that start compiling on a worker while the next is generated
+    jobs: dict = {}  # modules that start compiling (a worker, a thread) while the next is generated
 
     def early(i, text):
-        if i > 0:
-            jobs[i] = cpu.start_compile(text)
+        jobs[i] = cpu.start_compile(text)
     if key not in ctx.artifacts:  # a Built graph (capture.py) carries its modules from the first compile
         # no graph name in the modules: stable cache keys
         ctx.artifacts[key] = llvm_module.generate_modules([n.meta["kernel"] for n in knodes], parts,
@@ -83,9 +82,10 @@ def build(graph, ctx):
     ctx.dump.stage("llvm", text if len(texts) == 1 else "".join(  # each module's text whole, after its own header
         f"; ---- module {i + 1} of {len(texts)} (compiled side by side, runtime/jit_pool.py) ----\n{t}\n"
         for i, t in enumerate(texts)), level=4)
-    t1 = time.perf_counter()
-    jit = JitModule(texts, jobs) if knodes else None
-    phases["llvm_jit"] = _ms(time.perf_counter() - t1)  # O3 and machine code, or the disk cache's object code; loading
+    # the program comes back while LLVM works (on workers and a thread): the Dynamo and AOTAutograd
+    # steps after a backend returns overlap it, and the first call binds the kernels (waiting for
+    # the rest of it). A program over symbolic sizes binds its first instance now.
+    jit = JitModule(texts, jobs, wait=sized) if knodes else None
     codegen_s = time.perf_counter() - t0
 
     def launch(k, slots):
@@ -94,16 +94,36 @@ def build(graph, ctx):
         bufs = jit.global_address(k.name + BUFS_SUFFIX) if m != "chunks" else None
         sites = tuple(check_sites(k))
         return KernelLaunch(jit.address(k.name), slots, outer_extent(k), k.name, m, entry, bufs, sites)
+
+    def bind(steps):  # the program's first call
+        jit.wait()
+        phases["llvm_jit"], phases["llvm_wait"] = _ms(jit.seconds), _ms(jit.waited)
+        for g in ctx.report.graphs:  # written when build returned: what the workers did is known now
+            if g.name == ctx.name:
+                g.detail["llvm_in_workers"] = jit.in_workers
+        return [launch(*s.args) if isinstance(s, _Unbound) else s for s in steps]
     t2 = time.perf_counter()
     if sized:
         program, detail = sized_program(graph, ctx, kernels, _sized_launch(jit), jit)
+        if jit is not None:
+            phases["llvm_jit"] = _ms(jit.seconds)
     else:
-        program, detail = assemble(graph, ctx, kernels, launch, jit)
+        program, detail = assemble(graph, ctx, kernels, (lambda k, slots: _Unbound(k, slots)) if jit else launch, jit)
+        if jit is not None:
+            program.bind = bind
     phases["assemble"] = _ms(time.perf_counter() - t2)
     detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=_ms(codegen_s),
                   llvm_bodies=len(llvm_module.BODY_DEFINITION.findall(text)), llvm_modules=len(texts),
                   llvm_in_workers=jit.in_workers if jit else 0)
     return program, detail
+
+
+class _Unbound:
+    """A kernel's step until the program's first call binds it (Program.bind): its launch needs
+    the machine code's addresses."""
+
+    def __init__(self, *args):
+        self.args = args
 
 
 def _sized_launch(jit):

@@ -220,8 +220,8 @@ def submit(ir_text: str, cpu: str, features: str):
 
 
 def compile_objects(texts: list, cpu: str, features: str, compile_here, jobs: dict | None = None) -> tuple[list, int]:
-    """Object code for each IR text, and how many came from workers. `jobs`: {index: Job} already
-    started; of the others, texts[0] (and any that find no idle worker) compile here with
+    """Object code for each IR text, and how many came from workers. `jobs`: {index: a Job, or any
+    job with result() -> object code or None} already started; of the others, texts[0] (and any that find no idle worker) compile here with
     `compile_here(text)`, the rest on workers meanwhile."""
     jobs = dict(jobs or {})
     for i in range(1, len(texts)):
@@ -240,7 +240,7 @@ def compile_objects(texts: list, cpu: str, features: str, compile_here, jobs: di
         if results[i] is None:
             results[i] = compile_here(texts[i])
         else:
-            remote += 1
+            remote += isinstance(job, Job)  # not a job on a thread of this process (runtime/cpu.py)
     return results, remote
 
 

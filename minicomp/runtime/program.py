@@ -148,13 +148,21 @@ class Program:
         self._grow = threading.Condition()
         self._released = False
         self.keepalive = None
+        self.bind = None  # steps -> steps, run once before the first call (backends/cpu.py binds kernels)
+
+    def _bound(self) -> list:
+        """The steps, bound first if they are waiting for their machine code (under self._grow)."""
+        if self.bind is not None:
+            self.steps = self.bind(self.steps)
+            self.bind = None
+        return self.steps
 
     def primary(self) -> "Executor":
         """The executor single-threaded calls run on (built now if no call has run yet)."""
         if not self._count:
             with self._grow:
                 if not self._count:
-                    self._first.append(Executor(self, self.steps))
+                    self._first.append(Executor(self, self._bound()))
                     self._count = 1
         return self._first[0] if self._first else None
 
@@ -172,8 +180,9 @@ class Program:
         with self._grow:
             while True:
                 if not self._count:  # the very first call
+                    ex = Executor(self, self._bound())
                     self._count = 1
-                    return Executor(self, self.steps)
+                    return ex
                 try:
                     return self._first.pop() if self._first else self._idle.pop()
                 except IndexError:

@@ -82,7 +82,9 @@ def test_a_graph_compiles_in_two_modules_side_by_side_and_matches_eager(fresh, m
     assert [g.kind for g in graphs] == ["forward", "backward"]
     for g in graphs:
         d = g.detail
-        assert d["llvm_bodies"] >= 6 and d["llvm_modules"] == 2 and d["llvm_in_workers"] == 1, (g.kind, d)
+        # each module starts as its text is done: on the worker if it is idle (the second too, when the
+        # first was done by then), else on a thread here
+        assert d["llvm_bodies"] >= 6 and d["llvm_modules"] == 2 and d["llvm_in_workers"] in (1, 2), (g.kind, d)
         assert not d["llvm_cached"]
     again = assert_matches_eager(_block(), x, backend="cpu")  # every module from the disk cache
     for g in again.report().graphs:
@@ -96,14 +98,17 @@ def test_no_workers_one_module(fresh, monkeypatch):
         assert g.detail["llvm_modules"] == 1 and g.detail["llvm_in_workers"] == 0
 
 
-def _kill_when_taken(monkeypatch):
-    """Every worker handed out dies before it answers; returns the real _take."""
+def _kill_when_taken(monkeypatch, times=None):
+    """Every worker handed out (the first `times` ones) dies before it answers; returns the real _take."""
     take = jit_pool._take
+    left = [float("inf") if times is None else times]
 
     def take_and_kill(n):
         got = take(n)
         for w in got:
-            w.proc.kill()
+            if left[0] > 0:
+                left[0] -= 1
+                w.proc.kill()
         return got
     monkeypatch.setattr(jit_pool, "_take", take_and_kill)
     return take
@@ -115,11 +120,11 @@ def test_a_worker_dying_mid_compile_costs_an_in_process_compile_and_is_replaced(
     jit_pool.prestart()
     with jit_pool._lock:
         victim = jit_pool._state["idle"][0]
-    take = _kill_when_taken(monkeypatch)
+    take = _kill_when_taken(monkeypatch, times=1)
     with caplog.at_level(logging.INFO, logger="minicomp"):
         compiled = assert_matches_eager(_block(), torch.randn(2, 16, 64), backend="cpu")
     detail = compiled.report().graphs[0].detail
-    assert detail["llvm_modules"] == 2 and detail["llvm_in_workers"] == 0
+    assert detail["llvm_modules"] == 2 and detail["llvm_in_workers"] <= 1  # the first module it took died
     assert any("compile worker failed" in r.getMessage() for r in caplog.records)
     with jit_pool._lock:
         assert victim not in jit_pool._state["all"] and jit_pool._state["failures"] >= 1
