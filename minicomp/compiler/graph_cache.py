@@ -113,10 +113,9 @@ def plain_wrapper(n_inputs: int) -> bool:
 
 
 def store(key: str, graph, fx_nodes: int) -> None:
-    from ..ir import parse
+    """Write the lowered graph (whether it reads back exactly is load's to check: a cold compile
+    does not pay for a parse)."""
     text = str(graph)
-    if str(parse(text)) != text:  # only what reads back exactly
-        return
     meta = [{k: n.meta[k] for k in _META_KEYS if k in n.meta} for n in graph.inputs + graph.nodes]
     if any(not isinstance(v, str) for m in meta for v in m.values()) or graph.constants:
         return
@@ -132,6 +131,8 @@ def load(key: str, name: str):
     try:
         entry = json.loads(blob)
         graph = parse(entry["ir"])
+        if str(graph) != entry["ir"]:  # only what reads back exactly
+            raise ValueError("the text does not read back")
         nodes = graph.inputs + graph.nodes
         if len(nodes) != len(entry["meta"]):
             raise ValueError("node count")

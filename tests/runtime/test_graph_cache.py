@@ -155,6 +155,20 @@ def test_a_corrupt_entry_is_recompiled_and_replaced():
         assert hits(run(f, x, w)) == [True]
 
 
+def test_an_entry_that_does_not_read_back_exactly_is_not_used():
+    """The cold compile writes the text without parsing it; the hit parses it and prints it again,
+    and takes it only when that gives the same text."""
+    x, w = torch.randn(4, 16), torch.randn(16, 16)
+    with torch.no_grad():
+        run(f, x, w)
+        key, = entries()
+        entry = json.loads(cache.get("graphs", key))
+        entry["ir"] = entry["ir"].replace(") -> (", ")  -> (", 1)  # parses to the same graph, prints otherwise
+        cache.put("graphs", key, json.dumps(entry).encode())
+        assert hits(run(f, x, w)) == [False]
+        assert hits(run(f, x, w)) == [True]  # the recompile wrote an exact one
+
+
 def test_the_cache_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("MINICOMP_GRAPH_CACHE", "0")
     with torch.no_grad():
