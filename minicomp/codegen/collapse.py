@@ -49,10 +49,48 @@ def _affine_in(e: Expr, name: str) -> bool:
     return True
 
 
-def _try_merge(k: Kernel, level: str, i: int):
+def _index_exprs(k: Kernel) -> list:
+    """Every index expression of k: its stores' offsets, its loads' and index ops'."""
+    out = [s.index for s in k.inner_stores + k.outer_stores]
+    for e in k.exprs():
+        for name in ("index", "expr"):
+            v = e.attrs.get(name)
+            if isinstance(v, Expr):
+                out.append(v)
+    return out
+
+
+def _surely_not_affine(exprs: list, a: Var, b: Var) -> bool:
+    """Whether merging a, b leaves a // or % for certain, told without rewriting the kernel (most
+    pairs a kernel tries do not merge): an index holding a and b only as terms of their own (not
+    inside a // or %) with integer coefficients ca, cb becomes ca*(m // size(b)) + cb*(m % size(b)),
+    which is affine exactly when ca == cb * size(b). Indices with a or b inside a // or % (a
+    reshape's) are left to the rewrite, which may simplify them away."""
+    if not (isinstance(a.size, int) and isinstance(b.size, int) and a.size > 1 and b.size > 1):
+        return False
+    names = {a.name, b.name}
+    for e in exprs:
+        ca = cb = 0
+        for atom, c in e.terms:
+            if isinstance(atom, Var):
+                if atom.name == a.name:
+                    ca = c
+                elif atom.name == b.name:
+                    cb = c
+            elif atom.expr is not None and names & atom.expr.vars():
+                break
+        else:
+            if (ca or cb) and isinstance(ca, int) and isinstance(cb, int) and ca != cb * b.size:
+                return True
+    return False
+
+
+def _try_merge(k: Kernel, level: str, i: int, exprs: list):
     vs = list(getattr(k, level))
     a, b = vs[i], vs[i + 1]
     if b.size == 0:  # an empty loop runs nothing whatever its neighbours; no m // 0 to build
+        return None
+    if _surely_not_affine(exprs, a, b):
         return None
     m = Var(f"{a.name}_{b.name}", a.size * b.size)
     rw = _Rewriter({a.name: Expr.of(m).floordiv(b.size), b.name: Expr.of(m).mod(b.size)}, m.name)
@@ -71,12 +109,14 @@ def _try_merge(k: Kernel, level: str, i: int):
 def collapse(k: Kernel, keep_first: bool = False) -> Kernel:
     """k with adjacent loops merged where every index stays affine; `keep_first` leaves the first
     outer loop as it is (the runtime splits its range across threads)."""
+    exprs = _index_exprs(k)
     for level in ("outer", "inner"):
         i = 1 if keep_first and level == "outer" else 0
         while i < len(getattr(k, level)) - 1:
-            merged = _try_merge(k, level, i)
+            merged = _try_merge(k, level, i, exprs)
             if merged is None:
                 i += 1
             else:
                 k = merged
+                exprs = _index_exprs(k)
     return k
