@@ -9,7 +9,7 @@ kernel that reads its inputs anyway (a fused pointwise op moves no extra bytes).
 Why a minimum cut: put every value on a flow graph, the source behind the forward's inputs and the
 sink behind what the backward computes, each value an edge whose capacity is the bytes that saving
 it costs. A set of values whose edges separate source from sink is a valid saved set (the backward
-recomputes everything past it), and the minimum cut (networkx) is the one that saves fewest bytes.
+recomputes everything past it), and the minimum cut (flow.py, on networkx) is the one that saves fewest bytes.
 The flow runs Boykov-Kolmogorov: on these graphs (a long chain of layers, few paths per value) it is
 2-3x faster than networkx's default preflow-push, which also had 10x outliers (0.35 s on one of an
 HF GPT-2 compile's three cuts); the cut it gives is the same (the source side of the residual graph
@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional
 
 import networkx as nx
-from networkx.algorithms.flow import boykov_kolmogorov
 
 from ...errors import MinicompError
 from ...ir import OPS, Graph, Node, TensorType, sym
 from ..schedule import KernelStep, runs_in_torch
+from . import flow
 from .fusion_order import fusion_order
 from .rematerialize import MAX_RECOMPUTE
 
@@ -183,64 +183,46 @@ def min_cut(graph: Graph, n_fwd: int, banned: dict, saveable, must_recompute) ->
     n_all = len(everything)
     scale = 4 * n_all * n_all + 1  # bytes first, then the tie-breaks (summed over a cut: below scale)
     users = graph.users()
-    g = nx.DiGraph()
-    g.add_node("source")
-    g.add_node("sink")
+    edges = []  # (u, v, capacity); None: infinite
     for n in everything:
         i = pos[n]
         if n in bw:
             if n not in tangents:
-                g.add_edge((i, "in"), "sink")  # no capacity attribute: infinite
+                edges.append(((i, "in"), "sink", None))
             continue
         if saveable(n) and isinstance(n.type, TensorType):
             free = n.op in ("input", "constant")
             view = n.op in OPS and OPS[n.op].category == "view"
             tie = (n_all - i) + (n_all if view else 0) + (0 if n in forward else 2 * n_all)
-            g.add_edge((i, "in"), (i, "out"), capacity=(0 if free else nbytes(n)) * scale + tie)
+            edges.append(((i, "in"), (i, "out"), (0 if free else nbytes(n)) * scale + tie))
         else:
-            g.add_edge((i, "in"), (i, "out"))
+            edges.append(((i, "in"), (i, "out"), None))
         if n in banned:
-            g.add_edge("source", (i, "in"))
+            edges.append(("source", (i, "in"), None))
         elif must_recompute(n):
-            g.add_edge((i, "in"), "sink")
+            edges.append(((i, "in"), "sink", None))
         if n in must_have:
-            g.add_edge((i, "out"), "sink")
+            edges.append(((i, "out"), "sink", None))
         for u in users.get(n, ()):
-            g.add_edge((i, "out"), (pos[u], "in"))
+            edges.append(((i, "out"), (pos[u], "in"), None))
     try:
-        _, (reach, _) = nx.minimum_cut(g, "source", "sink", flow_func=boykov_kolmogorov)
+        side = flow.sink_side(edges, "source", "sink")
     except nx.NetworkXUnbounded:
-        stuck = _infinite_path(g, everything)
+        stuck = [everything[v[0]] for v in flow.infinite_path(edges, "source", "sink")
+                 if isinstance(v, tuple) and v[1] == "in"]
         raise MinicompError("minicomp: partition: a value the backward needs can neither be saved nor recomputed: "
                             + " -> ".join(f"{n.op}:{n.type}" for n in stuck)) from None
-    saved = [n for n in everything if n not in bw and (pos[n], "in") in reach and (pos[n], "out") not in reach]
+    saved = [n for n in everything if n not in bw and (pos[n], "in") not in side and (pos[n], "out") in side]
     # the rest of the backward: values on the sink side that some backward node reaches through them
-    needed = {m for m in must_have if (pos[m], "in") not in reach}  # a gradient that is a constant
+    needed = {m for m in must_have if (pos[m], "in") in side}  # a gradient that is a constant
     stack = [n for n in everything if n in bw] + list(needed)
     while stack:
         for a in stack.pop().args:
-            if a not in bw and a not in needed and (pos[a], "in") not in reach:
+            if a not in bw and a not in needed and (pos[a], "in") in side:
                 needed.add(a)
                 stack.append(a)
     recomputed = [n for n in everything if n in needed]
     return saved, recomputed
-
-
-def _infinite_path(g, everything) -> list:
-    """The values on a source-to-sink path of infinite edges (what makes a cut impossible)."""
-    parent, stack = {"source": None}, ["source"]
-    while stack:
-        u = stack.pop()
-        for v, attrs in g[u].items():
-            if "capacity" not in attrs and v not in parent:
-                parent[v] = u
-                stack.append(v)
-    path, v = [], parent.get("sink") and "sink"
-    while v is not None:
-        if isinstance(v, tuple) and v[1] == "in":
-            path.append(everything[v[0]])
-        v = parent.get(v)
-    return path[::-1]
 
 
 def backward_order(graph: Graph, bw: set, saved, recomputed: set, kernel_ops) -> list:
