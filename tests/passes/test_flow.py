@@ -8,7 +8,6 @@ import random
 import networkx as nx
 import pytest
 
-from minicomp.codegen.llvm_ops import SUPPORTED_OPS
 from minicomp.compiler.passes import flow, partition
 from minicomp.errors import MinicompError
 from tests.passes.test_partition import MLP, _graph
