@@ -80,7 +80,8 @@ def _surely_not_affine(exprs: list, a: Var, b: Var) -> bool:
             elif atom.expr is not None and names & atom.expr.vars():
                 break
         else:
-            if (ca or cb) and isinstance(ca, int) and isinstance(cb, int) and ca != cb * b.size:
+            # (a symbolic coefficient is not asked: its truth would become a guard of the program)
+            if isinstance(ca, int) and isinstance(cb, int) and (ca or cb) and ca != cb * b.size:
                 return True
     return False
 

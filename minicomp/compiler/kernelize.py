@@ -141,7 +141,7 @@ class KernelBuilder:
         return self.mk("load", (), node.type.dtype, **attrs)
 
     def value(self, node: Node, idx: list) -> KExpr:
-        key = (id(node), tuple(e.key() for e in idx), id(self.guard))
+        key = (id(node), tuple([e.key() for e in idx]), id(self.guard))
         hit = self.values.get(key)
         if hit is not None and node in self.own and self.depth + hit.depth > MAX_EXPR_DEPTH:
             raise NotFusable(node, f"it would extend {node.op}'s expression in this kernel past {MAX_EXPR_DEPTH} "

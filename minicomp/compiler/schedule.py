@@ -113,9 +113,9 @@ class Scheduler:
             self.steps.pop()
             raise self.last_error  # names the value to materialize
 
-    def _candidates(self, node: Node):
-        """Kernel steps after every step `node` depends on, most recent first."""
-        first = max(self.deps(node), default=0)  # a kernel that produced a dependency may take it in
+    def _candidates(self, node: Node, deps=None):
+        """Kernel steps after every step `node` depends on (`deps`, found if not given), most recent first."""
+        first = max(self.deps(node) if deps is None else deps, default=0)  # a kernel that produced one may take it in
         for i in range(len(self.steps) - 1, first - 1, -1):
             if isinstance(self.steps[i], KernelStep):
                 yield i
@@ -150,13 +150,16 @@ class Scheduler:
 
     def place_store(self, node: Node) -> None:
         mine = self.deps(node)
-        for i in self._candidates(node):
+        loads = None  # what it would load: the same for every candidate (a refused try changes nothing)
+        for i in self._candidates(node, mine):
             b = self.steps[i].builder
             if b.level_of(node) is None:
                 self.refusals.setdefault((node, b.name), f"shape {node.type.shape} does not fit kernel "
                                                          f"{b.name}'s domain {b.shape}")
                 continue
-            related = i in mine or any(n in b.buf_pos for n in self.frontier(node, self.has_buffer))
+            if i not in mine and loads is None:
+                loads = self.frontier(node, self.has_buffer)
+            related = i in mine or any(n in b.buf_pos for n in loads)
             if not related:
                 self.refusals.setdefault((node, b.name), f"shares no input with kernel {b.name}")
                 continue
