@@ -1,4 +1,4 @@
-"""The `cpu` backend: fused graph -> LLVM IR (codegen/llvm.py) -> llvmlite JIT (runtime/cpu.py) -> Program.
+"""The `cpu` backend: fused graph -> LLVM IR (codegen/llvm.py) -> llvmlite JIT (runtime/llvm_jit.py) -> Program (runtime/cpu.py).
 
 One LLVM module holds every kernel of a graph, or, for a graph with enough distinct kernel bodies,
 several of about equal work that compile side by side on the machine's cores (runtime/jit_pool.py).
@@ -44,16 +44,18 @@ def kernel_text(k) -> str:
 
 
 def prepare():
-    from ..runtime import jit_pool
+    from ..runtime import cpu, jit_pool
     jit_pool.prestart()
+    cpu.warm_up()
 
 
 def build(graph, ctx):
     from ..codegen import llvm_module
     from ..codegen.llvm import BUFS_SUFFIX, PAR_SUFFIX, RUN_SUFFIX
     from ..ir.kernel import check_sites, outer_extent
-    from ..runtime import cpu, jit_pool
-    from ..runtime.cpu import JitModule, KernelLaunch
+    from ..runtime import cpu, jit_pool, llvm_jit
+    from ..runtime.cpu import KernelLaunch
+    from ..runtime.llvm_jit import JitModule
 
     def mode(k):  # of a collapsed kernel
         return cpu.launch_mode(math.prod(v.size for v in k.outer + k.inner), outer_extent(k))
@@ -68,7 +70,7 @@ def build(graph, ctx):
     jobs: dict = {}  # modules that start compiling (a worker, a thread) while the next is generated
 
     def early(i, text):
-        jobs[i] = cpu.start_compile(text)
+        jobs[i] = llvm_jit.start_compile(text)
     if key not in ctx.artifacts:  # a Built graph (capture.py) carries its modules from the first compile
         # no graph name in the modules: stable cache keys
         ctx.artifacts[key] = llvm_module.generate_modules([n.meta["kernel"] for n in knodes], parts,

@@ -240,7 +240,7 @@ def compile_objects(texts: list, cpu: str, features: str, compile_here, jobs: di
         if results[i] is None:
             results[i] = compile_here(texts[i])
         else:
-            remote += isinstance(job, Job)  # not a job on a thread of this process (runtime/cpu.py)
+            remote += isinstance(job, Job)  # not a job on a thread of this process (runtime/llvm_jit.py)
     return results, remote
 
 

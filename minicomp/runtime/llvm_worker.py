@@ -1,11 +1,11 @@
 """A compile worker: LLVM IR text in, O3-optimized object code out (runtime/jit_pool.py starts it).
 
 Run as a script (`python -P llvm_worker.py`): it imports llvmlite and nothing of minicomp or torch,
-so it is ready about 50 ms after it starts (jit_pool and runtime/cpu.py import this file for its
+so it is ready about 50 ms after it starts (jit_pool and runtime/llvm_jit.py import this file for its
 frame format, `identity` and the one definition of how a module compiles). Frames on stdin and stdout: an 8-byte little-endian length, then a pickle. The
 worker first writes identity() (its llvmlite and LLVM versions); then each request is (cpu name,
 cpu features, IR text) and each answer ("ok", object code) or ("error", LLVM's message). It
-compiles exactly as runtime/cpu.py does in process (one target machine at opt=3, the new pass
+compiles exactly as runtime/llvm_jit.py does in process (one target machine at opt=3, the new pass
 manager at speed level 3), so its object code is the same bytes. It ignores Ctrl-C and exits when
 its stdin ends (every process holding the pipe has closed it).
 """
@@ -45,7 +45,7 @@ def write_frame(stream, obj) -> None:
 
 def optimized_module(tm, ir_text: str):
     """The module parsed, verified and optimized at O3 for target machine `tm`: how minicomp
-    optimizes every CPU module, here or in process (runtime/cpu.py)."""
+    optimizes every CPU module, here or in process (runtime/llvm_jit.py)."""
     mod = llvm.parse_assembly(ir_text)
     mod.verify()
     pb = llvm.create_pass_builder(tm, llvm.PipelineTuningOptions(speed_level=3))

@@ -219,8 +219,8 @@ def test_a_row_reduction_is_not_a_column_reduction():
 
 def cpu_optimize(kernels) -> str:
     from minicomp.codegen.llvm_module import generate_module
-    from minicomp.runtime import cpu
-    return cpu.optimize(generate_module(kernels)[0])
+    from minicomp.runtime import llvm_jit
+    return llvm_jit.optimize(generate_module(kernels)[0])
 
 
 def test_every_table_reduction_is_tested():

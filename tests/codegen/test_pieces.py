@@ -17,7 +17,7 @@ from minicomp.compiler.pipeline import run_passes
 from minicomp.ir import parse
 from minicomp.ir.index import Var
 from minicomp.ir.kernel import walk
-from minicomp.runtime import cpu
+from minicomp.runtime import cpu, llvm_jit
 
 from tests.codegen.test_cpu_ops import cpu_context
 
@@ -55,7 +55,7 @@ def test_each_part_of_a_heads_cat_is_one_contiguous_loop_nest():
         assert index.is_affine() and index.coeff(inner) == 1 and inner.size == 32, \
             f"piece {part}: heads tiled, the innermost loop reads contiguously: {index}"
         assert all(isinstance(v, Var) for v in p.kernel.outer)
-    optimized = cpu.optimize(generate_module([k])[0])
+    optimized = llvm_jit.optimize(generate_module([k])[0])
     assert re.search(r"load <\d+ x float>|@llvm\.memcpy", optimized), "each piece's rows copy as blocks"
     assert " select " not in optimized, "no per-element choice between parts is left"
 

@@ -329,10 +329,10 @@ def test_float_to_int_casts_stay_vector_code(src, dst):
     import re
 
     from minicomp.codegen.llvm_module import generate_module
-    from minicomp.runtime import cpu
+    from minicomp.runtime import llvm_jit
     x = Node("input", (), type=TensorType((1024,), src), name="x")
     y = Node("cast", [x], {"dtype": dst}, TensorType((1024,), dst))
     fused = run_passes(Graph("cast", [x], [y], [y]), make_context(Options.make("cpu"), "cast", "cpu"))
-    optimized = cpu.optimize(generate_module([n.meta["kernel"] for n in fused.nodes if n.op == "kernel"])[0])
+    optimized = llvm_jit.optimize(generate_module([n.meta["kernel"] for n in fused.nodes if n.op == "kernel"])[0])
     bits = {"i8": 8, "u8": 8, "i16": 16, "i32": 32}[dst]
     assert re.search(rf"<\d+ x i{bits}>", optimized), f"{src} -> {dst} is not vector code"

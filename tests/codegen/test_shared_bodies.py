@@ -84,7 +84,7 @@ def test_body_key_ignores_names_only():
 def test_entries_out_of_line_body_optimized_once():
     """Each entry point (<name>, <name>_run, <name>_omp, <name>_par) is optnone and calls the body,
     so O3 works on one copy of each loop nest: inlined, it worked on one per entry."""
-    from minicomp.runtime.cpu import optimize
+    from minicomp.runtime.llvm_jit import optimize
     graph = parse("graph g(%x: f32[256,256]) -> (f32[256,256]) {\n  %0: f32[256,256] = exp %x\n  return %0\n}")
     ks = [n.meta["kernel"] for n in run_passes(graph, cpu_context(graph)).nodes if n.op == "kernel"]
     for whole, openmp in ((True, False), (False, True)):

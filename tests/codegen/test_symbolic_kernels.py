@@ -200,7 +200,7 @@ def test_size_division_rounds_toward_minus_infinity_in_both_generators():
     from minicomp.backends.cuda import prelude_headers
     from minicomp.codegen.llvm_values import I64, emit_sym
     from minicomp.ir import sym, sym_read
-    from minicomp.runtime.cpu import JitModule
+    from minicomp.runtime.llvm_jit import JitModule
     from minicomp.runtime.cuda_emu import _shared_library
 
     exprs = [sym_read.parse(t) for t in SIZE_EXPRESSIONS]

@@ -12,7 +12,7 @@ import time
 import torch
 
 from minicomp import cache as cache_cli
-from minicomp.runtime import cache, cpu
+from minicomp.runtime import cache, llvm_jit
 from tests.runtime.test_cpu_runtime import _CHILD, _compile_and_check
 
 
@@ -56,8 +56,8 @@ def test_object_code_of_another_cpu_is_not_used(tmp_path, monkeypatch):
     x = torch.randn(8, 33)
     _compile_and_check(x)
     assert _compile_and_check(x) is True
-    name, features = cpu._host()
-    monkeypatch.setattr(cpu, "_host", lambda: (name, features.replace("+avx2", "-avx2") + ",+minicomp-test"))
+    name, features = llvm_jit._host()
+    monkeypatch.setattr(llvm_jit, "_host", lambda: (name, features.replace("+avx2", "-avx2") + ",+minicomp-test"))
     assert _compile_and_check(x) is False  # another key: compiled again, not loaded
 
 

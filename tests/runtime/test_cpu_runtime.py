@@ -18,7 +18,7 @@ import minicomp
 from minicomp.codegen.llvm_module import generate_module
 from minicomp.compiler.pipeline import run_passes
 from minicomp.ir import parse
-from minicomp.runtime import cpu
+from minicomp.runtime import cpu, llvm_jit
 from tests.codegen.test_cpu_ops import cpu_context
 
 
@@ -85,7 +85,7 @@ def test_jit_engines_do_not_own_the_shared_target_machine():
     """An MCJIT engine owns (frees) the target machine it is made with; were that the shared one, every
     compile after the first program died would use freed memory (it crashed in create_pass_builder)."""
     minicomp.compile(lambda x: torch.exp(x) * 3, backend="cpu")(torch.randn(5))
-    assert not cpu._target_machine()._owned  # llvmlite marks a machine an engine took over as owned
+    assert not llvm_jit._target_machine()._owned  # llvmlite marks a machine an engine took over as owned
 
 
 @pytest.fixture
@@ -199,7 +199,7 @@ def test_optimized_kernels_are_vector_code(name, text):
     kernels = _kernels(text)
     assert len(kernels) == 1, f"{name} should fuse into one kernel"
     ir_text, _ = generate_module(kernels)
-    optimized = cpu.optimize(ir_text)
+    optimized = llvm_jit.optimize(ir_text)
     assert re.search(r"<\d+ x float>", optimized), f"{name}: no vector types in the optimized IR"
     assert not re.search(r"call [^\n]*@(expf|cosf|llvm\.(exp|cos)\.f32)\(", optimized), f"{name}: scalar math calls"
 
@@ -239,7 +239,7 @@ def test_loops_around_loops_stay_rolled():
         }""")
     text, _ = generate_module(k, whole=lambda k: True)
     assert text.count('!"llvm.loop.unroll.disable"') >= 1 and len(re.findall(r"!llvm\.loop !", text)) >= 2
-    optimized = cpu.optimize(text)
+    optimized = llvm_jit.optimize(text)
     assert len(re.findall(r"call void @llvm\.memcpy", optimized)) <= 8, "outer loops unrolled"
     x = torch.randn(2, 32, 4, 16)
     fn = minicomp.compile(lambda t: t.permute(0, 2, 1, 3).reshape(8, 32, 16), backend="cpu")

@@ -12,7 +12,7 @@ from minicomp.backends import build
 from minicomp.codegen.llvm_module import generate_modules
 from minicomp.compiler.pipeline import run_passes
 from minicomp.ir import parse
-from minicomp.runtime import cpu
+from minicomp.runtime import llvm_jit
 from tests.codegen.test_cpu_ops import cpu_context
 
 GRAPH = """graph g(%a: f32[64,128], %b: f32[64,128]) -> (f32[64,128], f32[64,1]) {
@@ -32,13 +32,13 @@ def fresh(tmp_path, monkeypatch):
 def _held(monkeypatch):
     """compile_object waits for the returned event: LLVM 'still works' until the test sets it."""
     go, started = threading.Event(), threading.Event()
-    real = cpu.compile_object
+    real = llvm_jit.compile_object
 
     def slow(text):
         started.set()
         assert go.wait(60)
         return real(text)
-    monkeypatch.setattr(cpu, "compile_object", slow)
+    monkeypatch.setattr(llvm_jit, "compile_object", slow)
     return go, started
 
 
@@ -60,7 +60,7 @@ def test_the_program_comes_back_before_llvm_is_done_and_the_first_call_binds_it(
 
 
 def test_llvms_error_reaches_the_call_that_needs_the_code_and_every_later_one(fresh):
-    jit = cpu.JitModule("define void @f( {", wait=False)  # returns: the error is the compile thread's
+    jit = llvm_jit.JitModule("define void @f( {", wait=False)  # returns: the error is the compile thread's
     for _ in range(2):
         with pytest.raises(RuntimeError, match="expected"):
             jit.address("f")
@@ -71,7 +71,7 @@ def test_a_child_forked_while_llvm_works_compiles_its_own(fresh, monkeypatch):
     graph = parse(GRAPH)
     kernels = [n.meta["kernel"] for n in run_passes(graph, cpu_context(graph)).nodes if n.op == "kernel"]
     texts, collapsed = generate_modules(kernels, 1)
-    jit = cpu.JitModule(texts, {0: cpu.start_compile(texts[0])}, wait=False)
+    jit = llvm_jit.JitModule(texts, {0: llvm_jit.start_compile(texts[0])}, wait=False)
     assert started.wait(60)
     pid = os.fork()  # the compile thread waits on `go`, outside LLVM: the fork goes ahead
     if pid == 0:
@@ -91,7 +91,7 @@ def test_a_fork_waits_for_a_thread_of_ours_inside_llvm():
     inside, done = threading.Event(), []
 
     def compile_a_while():  # as a compile thread holds it for each call into LLVM
-        with cpu._in_llvm:
+        with llvm_jit._in_llvm:
             inside.set()
             threading.Event().wait(0.3)
             done.append(True)
@@ -100,7 +100,24 @@ def test_a_fork_waits_for_a_thread_of_ours_inside_llvm():
     assert inside.wait(60)
     pid = os.fork()
     if pid == 0:  # made only once the thread had left LLVM, and the child can enter it
-        os._exit(0 if done and cpu._in_llvm.acquire(timeout=5) else 1)
+        os._exit(0 if done and llvm_jit._in_llvm.acquire(timeout=5) else 1)
     _, status = os.waitpid(pid, 0)
     t.join()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_warm_up_builds_the_plan_runner_once_while_the_caller_goes_on(fresh, monkeypatch):
+    from minicomp.runtime import cpu
+    monkeypatch.delitem(cpu._state, "plan", raising=False)
+    monkeypatch.delitem(cpu._state, "warming", raising=False)
+    built = []
+    real = cpu.JitModule
+
+    def counting(*a, **k):
+        built.append(a)
+        return real(*a, **k)
+    monkeypatch.setattr(cpu, "JitModule", counting)
+    cpu.warm_up()
+    cpu.warm_up()  # a second compile's prepare: nothing more starts
+    runner = cpu._plan_runner()  # waits for the thread's build, or builds it first and the thread finds it
+    assert runner is cpu._plan_runner() and len(built) == 1

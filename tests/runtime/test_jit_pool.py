@@ -11,7 +11,7 @@ from minicomp.codegen.llvm_module import BODY_DEFINITION, generate_modules
 from minicomp.compiler.pipeline import run_passes
 from minicomp.ir import parse
 from minicomp.models import Block
-from minicomp.runtime import cpu, jit_pool
+from minicomp.runtime import jit_pool, llvm_jit
 from tests.codegen.test_cpu_ops import cpu_context
 from tests.helpers import assert_matches_eager
 
@@ -55,9 +55,9 @@ def test_modules_balance_the_bodies_and_keep_shared_ones_together():
 def test_a_workers_object_code_is_the_bytes_compiled_here(monkeypatch):
     monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
     texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
-    name, features = cpu._host()
-    here = [cpu.compile_object(t) for t in texts]
-    objs, remote = jit_pool.compile_objects(texts, name, features, cpu.compile_object)
+    name, features = llvm_jit._host()
+    here = [llvm_jit.compile_object(t) for t in texts]
+    objs, remote = jit_pool.compile_objects(texts, name, features, llvm_jit.compile_object)
     assert remote == 1 and objs == here
 
 
@@ -67,9 +67,9 @@ def test_a_module_llvm_refuses_raises_in_the_worker_and_it_keeps_serving(monkeyp
     w = jit_pool._take(1)[0]
     try:
         with pytest.raises(RuntimeError, match="expected"):
-            w.compile(*cpu._host(), "define void @f( {")
+            w.compile(*llvm_jit._host(), "define void @f( {")
         texts, _ = generate_modules(_graph_kernels(KERNELS), 1)
-        assert w.compile(*cpu._host(), texts[0])[:4] == b"\x7fELF"
+        assert w.compile(*llvm_jit._host(), texts[0])[:4] == b"\x7fELF"
     finally:
         jit_pool._give_back(w, True)
 
@@ -144,13 +144,13 @@ def test_a_forked_child_starts_workers_of_its_own(monkeypatch):
     with jit_pool._lock:
         parents = [w for w in jit_pool._state["all"] if w is not None]
     texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
-    here = cpu.compile_object
+    here = llvm_jit.compile_object
     pid = os.fork()
     if pid == 0:  # the child: only what it needs, then out without running the parent's atexit
         ok = False
         try:
             ok = not jit_pool._state["all"] and jit_pool._take(1) == []
-            objs, remote = jit_pool.compile_objects(texts, *cpu._host(), here)
+            objs, remote = jit_pool.compile_objects(texts, *llvm_jit._host(), here)
             ok = ok and remote == 1 and all(o[:4] == b"\x7fELF" for o in objs)
             ok = ok and all(w not in parents for w in jit_pool._state["all"])
             jit_pool._close_all()
@@ -158,7 +158,7 @@ def test_a_forked_child_starts_workers_of_its_own(monkeypatch):
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    objs, remote = jit_pool.compile_objects(texts, *cpu._host(), here)
+    objs, remote = jit_pool.compile_objects(texts, *llvm_jit._host(), here)
     assert remote == 1 and all(w.alive() for w in parents)
 
 
@@ -173,11 +173,11 @@ def test_a_worker_killed_while_idle_is_replaced_without_counting_a_failure(monke
         failures = jit_pool._state["failures"]
     w.proc.send_signal(signal.SIGINT)  # ignored
     texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
-    here = cpu.compile_object
-    assert jit_pool.compile_objects(texts, *cpu._host(), here)[1] == 1 and w.alive()
+    here = llvm_jit.compile_object
+    assert jit_pool.compile_objects(texts, *llvm_jit._host(), here)[1] == 1 and w.alive()
     w.proc.kill()
     w.proc.wait()
-    assert jit_pool.compile_objects(texts, *cpu._host(), here)[1] == 1  # a fresh worker did it
+    assert jit_pool.compile_objects(texts, *llvm_jit._host(), here)[1] == 1  # a fresh worker did it
     with jit_pool._lock:
         assert jit_pool._state["failures"] == failures and w not in jit_pool._state["all"]
 
@@ -189,7 +189,7 @@ def test_a_module_llvm_refuses_through_the_pool_keeps_the_worker(monkeypatch):
         before = list(jit_pool._state["all"])
     bad = ["define void @f() {\n ret void\n}", "define void @g( {"]
     with pytest.raises(RuntimeError):  # LLVM's own error, from compiling it here
-        jit_pool.compile_objects(bad, *cpu._host(), cpu.compile_object)
+        jit_pool.compile_objects(bad, *llvm_jit._host(), llvm_jit.compile_object)
     with jit_pool._lock:
         assert jit_pool._state["all"] == before
 
@@ -205,7 +205,7 @@ def test_a_worker_of_another_llvmlite_is_not_used(monkeypatch, caplog):
     texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
     with caplog.at_level(logging.INFO, logger="minicomp"):
         objs, remote = jit_pool.compile_objects(
-            texts, *cpu._host(), cpu.compile_object)
+            texts, *llvm_jit._host(), llvm_jit.compile_object)
     assert remote == 0 and all(o[:4] == b"\x7fELF" for o in objs)
     assert any("compile worker runs" in r.getMessage() for r in caplog.records)
     monkeypatch.undo()
@@ -216,15 +216,15 @@ def test_after_max_failures_no_new_workers_start(monkeypatch, caplog):
     monkeypatch.setenv("MINICOMP_COMPILE_WORKERS", "1")
     monkeypatch.setitem(jit_pool._state, "failures", 0)
     texts, _ = generate_modules(_graph_kernels(KERNELS), 2)
-    here = cpu.compile_object
+    here = llvm_jit.compile_object
     take = _kill_when_taken(monkeypatch)
     with caplog.at_level(logging.INFO, logger="minicomp"):
         for _ in range(jit_pool.MAX_FAILURES):
-            objs, remote = jit_pool.compile_objects(texts, *cpu._host(), here)
+            objs, remote = jit_pool.compile_objects(texts, *llvm_jit._host(), here)
             assert remote == 0 and all(o[:4] == b"\x7fELF" for o in objs)
     assert any("compile workers failed" in r.getMessage() for r in caplog.records)
     assert jit_pool._state["failures"] == jit_pool.MAX_FAILURES
-    assert jit_pool.submit(texts[1], *cpu._host()) is None  # none starts: the caller compiles in process
+    assert jit_pool.submit(texts[1], *llvm_jit._host()) is None  # none starts: the caller compiles in process
     monkeypatch.setattr(jit_pool, "_take", take)
     monkeypatch.setitem(jit_pool._state, "failures", 0)
     jit_pool.prestart()  # the next test finds a worker again
