@@ -1,4 +1,5 @@
-"""The `cpu` backend: fused graph -> LLVM IR (codegen/llvm.py) -> llvmlite JIT (runtime/llvm_jit.py) -> Program (runtime/cpu.py).
+"""The `cpu` backend: fused graph -> LLVM IR (codegen/llvm.py) -> machine code (llvmlite, runtime/llvm_jit.py)
+-> Program of kernel launches (runtime/cpu.py).
 
 One LLVM module holds every kernel of a graph, or, for a graph with enough distinct kernel bodies,
 several of about equal work that compile side by side on the machine's cores (runtime/jit_pool.py).
@@ -110,7 +111,7 @@ def build(graph, ctx):
         if jit is not None:
             phases["llvm_jit"] = _ms(jit.seconds)
     else:
-        program, detail = assemble(graph, ctx, kernels, (lambda k, slots: _Unbound(k, slots)) if jit else launch, jit)
+        program, detail = assemble(graph, ctx, kernels, _Unbound if jit else launch, jit)
         if jit is not None:
             program.bind = bind
     phases["assemble"] = _ms(time.perf_counter() - t2)

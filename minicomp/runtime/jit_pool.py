@@ -221,8 +221,8 @@ def submit(ir_text: str, cpu: str, features: str):
 
 def compile_objects(texts: list, cpu: str, features: str, compile_here, jobs: dict | None = None) -> tuple[list, int]:
     """Object code for each IR text, and how many came from workers. `jobs`: {index: a Job, or any
-    job with result() -> object code or None} already started; of the others, texts[0] (and any that find no idle worker) compile here with
-    `compile_here(text)`, the rest on workers meanwhile."""
+    job whose result() gives object code or None} already started; of the others, texts[0] (and any
+    that find no idle worker) compile here with `compile_here(text)`, the rest on workers meanwhile."""
     jobs = dict(jobs or {})
     for i in range(1, len(texts)):
         if i not in jobs:

@@ -126,7 +126,9 @@ class Program:
     append: atomic under the GIL, a tenth of a microsecond.
 
     Each step has `emit(k, v, ns)`: its lines of the generated call. `timers` (options.profile):
-    per step, None or a function given the seconds each call of the step took."""
+    per step, None or a function given the seconds each call of the step took. `bind`: run on the
+    steps once, before the first call builds its executor (the cpu backend's kernels wait there for
+    machine code still compiling when the program was built)."""
 
     MAX_EXECUTORS = 16  # calls in flight at once; more wait for one to finish
 
@@ -204,7 +206,7 @@ class Program:
     def release(self) -> None:
         """Free the arenas, recycled outputs and machine code (the callable that owned this program
         is gone); a later call is an error, not a use of freed code."""
-        self.steps, self.keepalive, self._released = [], None, True
+        self.steps, self.keepalive, self.bind, self._released = [], None, None, True
         self._first.clear()
         self._idle.clear()
 
