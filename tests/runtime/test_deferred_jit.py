@@ -121,3 +121,29 @@ def test_warm_up_builds_the_plan_runner_once_while_the_caller_goes_on(fresh, mon
     cpu.warm_up()  # a second compile's prepare: nothing more starts
     runner = cpu._plan_runner()  # waits for the thread's build, or builds it first and the thread finds it
     assert runner is cpu._plan_runner() and len(built) == 1
+
+
+def test_first_calls_from_several_threads_bind_once_and_all_get_the_right_result(fresh, monkeypatch):
+    go, started = _held(monkeypatch)
+    graph = parse(GRAPH)
+    ctx = cpu_context(graph)
+    program, _ = build(run_passes(graph, ctx), ctx, "cpu")
+    binds = []
+    bind = program.bind
+    program.bind = lambda steps: binds.append(1) or bind(steps)
+    inputs = [(torch.randn(64, 128), torch.randn(64, 128)) for _ in range(4)]
+    results = [None] * 4
+
+    def call(i):
+        results[i] = program(*inputs[i])
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    assert started.wait(60)
+    go.set()
+    for t in threads:
+        t.join(60)
+    assert binds == [1]
+    for (a, b), (out, total) in zip(inputs, results):
+        torch.testing.assert_close(out, torch.tanh(a * b))
+        torch.testing.assert_close(total, torch.tanh(a * b).sum(1, keepdim=True), rtol=1e-5, atol=1e-4)
