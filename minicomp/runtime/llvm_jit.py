@@ -192,17 +192,15 @@ class JitModule:
         return engine
 
     def address(self, name: str) -> int:
-        self.wait()
-        for engine in self.engines:
-            addr = engine.get_function_address(name)
-            if addr:
-                return addr
-        raise RuntimeError(f"minicomp: compiled module has no function {name}")
+        return self._find(name, "get_function_address", "function")
 
     def global_address(self, name: str) -> int:
+        return self._find(name, "get_global_value_address", "global")
+
+    def _find(self, name: str, how: str, what: str) -> int:
         self.wait()
         for engine in self.engines:
-            addr = engine.get_global_value_address(name)
+            addr = getattr(engine, how)(name)
             if addr:
                 return addr
-        raise RuntimeError(f"minicomp: compiled module has no global {name}")
+        raise RuntimeError(f"minicomp: compiled module has no {what} {name}")
