@@ -17,8 +17,8 @@ run (what this machine can actually stream). A memory-bound kernel near 100% has
 gain. Each row also carries minicomp's max abs error against eager, and a row outside the
 tolerance is marked WRONG and left out of the geomean: a fast wrong answer never looks good.
 
-Compile times: the first call with cold caches (`cold own s`: minicomp's part of it, `llvm s`: LLVM's
-in that), then a recompile in the same process after `torch._dynamo.reset()` (`again s`), minicomp's
+Compile times: the first call with cold caches (`cold own s`: minicomp's part of it, the first call's
+wait for LLVM included; `llvm s`: LLVM's, which runs in the background from the end of code generation), then a recompile in the same process after `torch._dynamo.reset()` (`again s`), minicomp's
 own part of it (`own s`), and Dynamo's trace alone (`dynamo s`: its `eager` backend's first call less
 its second), which every Dynamo-based compiler pays before its own work, and `trace s`: Dynamo and
 AOTAutograd's traces with nothing compiled, as minicomp runs them (`trace/ind.`: that and one call
@@ -151,7 +151,7 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
     inductor_again_s = statistics.median(ind_again) if ind_again else None
     if inductor_compile_s is None:
         inductor = None
-    own_s = sum(g.compile_s for g in compiled.report().graphs)  # ours, without Dynamo/AOT tracing
+    own_s = compile_parts(compiled.report())[0]  # ours, without Dynamo/AOT tracing
     fresh = minicomp.compile(fn, backend=backend, recycle_outputs=False)  # every output newly allocated
     fresh(*inputs)
     err, scale = _max_err(actual, expected)
@@ -263,7 +263,8 @@ def format_table(rows: list) -> str:
                    f"as Inductor's caches skip its own); own s = minicomp's part of that (building the program, loading machine code); "
                    f"dynamo s = Dynamo's trace alone (backend='eager', same rounds; its first call less its second): what no Dynamo-based compile goes under; trace s = Dynamo and AOTAutograd with nothing compiled (same decompositions, same rounds), "
                    f"the part of a cold compile that is torch's, and trace/ind. that and one call over Inductor's cold compile: the least a compile through both can be; "
-                   f"cold own s = minicomp's part of the cold compile, llvm s = LLVM's O3 and machine code in it; "
+                   f"cold own s = minicomp's part of the cold compile (with the first call's wait for LLVM), llvm s = LLVM's O3, machine code and "
+                   f"loading, in the background from the end of code generation; "
                    f"torch calls = the share of a profiled minicomp call's step time (medians summed) in torch calls: "
                    f"matmuls and convolutions through BLAS/oneDNN, as Inductor calls them; the rest is minicomp's kernels; "
                    f"floor = that share x mc/inductor: the ratio left if minicomp's own kernels cost nothing; "

@@ -285,7 +285,8 @@ def format_train_table(rows: list) -> str:
                "share, the mc/inductor a compiler reaches whose kernels cost nothing and whose every other cost (torch's "
                "matmuls and optimizer, Dynamo, AOTAutograd, autograd) is Inductor's; compile s = the first step (cold disk "
                "caches; the process has traced once before, see trace s), inductor s Inductor's; own s = minicomp's part of the "
-               "first step (the cut, the forward's and backward's code), llvm s = LLVM's O3 and machine code in it; trace s = a first step through Dynamo and AOTAutograd that compiles nothing (same "
+               "first step (the cut, the forward's and backward's code, the first calls' waits for LLVM), llvm s = LLVM's O3, "
+               "machine code and loading, in the background from the end of each graph's code generation; trace s = a first step through Dynamo and AOTAutograd that compiles nothing (same "
                "decompositions, PyTorch's partition; the step run by torch), and trace/ind. that over Inductor's: the least "
                "compile/ind. a compiler built on both can reach")
     out += [f"{r['case']}: {n}" for r in rows for n in r["notes"]]
