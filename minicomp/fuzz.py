@@ -9,7 +9,9 @@ then a chain of steps -- pointwise ops, broadcasting binaries, comparisons and w
 views, casts, matmuls, cat, index_select / gather / advanced indexing -- on values of the types
 they take. A third of the programs train: f32 inputs require grad and the gradients of
 sum(outputs * weights) are compared too. A mismatch beyond the dtype's tolerance, a crash where
-eager did not raise, or eager raising where minicomp did not, is a finding.
+eager did not raise, or eager raising where minicomp did not, is a finding -- except a difference
+beyond tolerance where minicomp is as close as eager to the same program run in float64 (an
+ill-conditioned result: sin of a large sum, a cancellation).
 
 What the generator does not draw, on purpose, because minicomp differs from eager there by design
 (README, Numerics): sin/cos/tan of values beyond 2^24 (tanh bounds them), float-to-int casts of
@@ -346,7 +348,7 @@ def run_one(seed: int, backend: str) -> tuple[str, str, str | None]:
     exec(compile(src, f"<fuzz program {seed}>", "exec"), ns)
     fn = ns["program"]
 
-    def call(f, xs):
+    def call(f, xs, weight_dtypes=None):
         outs = f(*xs)
         if not training:
             return list(outs), []
@@ -355,7 +357,8 @@ def run_one(seed: int, backend: str) -> tuple[str, str, str | None]:
         if not diff or not leaves:
             return list(outs), []
         gen = torch.Generator().manual_seed(seed)
-        weights = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff]
+        dtypes = weight_dtypes or [o.dtype for o in diff]  # the float64 run draws the same weights
+        weights = [torch.randn(o.shape, generator=gen, dtype=dt).to(o.dtype) for o, dt in zip(diff, dtypes)]
         grads = torch.autograd.grad(sum((o * w).sum() for o, w in zip(diff, weights)), leaves, allow_unused=True)
         return list(outs), list(grads)
 
@@ -370,7 +373,37 @@ def run_one(seed: int, backend: str) -> tuple[str, str, str | None]:
     except Exception as e:  # noqa: BLE001
         return "crash", src, "".join(traceback.format_exception_only(type(e), e)).strip()[:2000]
     why = compare(got, want, "output", coarsest) or compare(got_grads, want_grads, "grad", coarsest)
+    if why and "max error" in why:
+        try:  # the same program in float64, drawing the same gradient weights
+            wide = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x.clone()
+                    for x in inputs]
+            ref, ref_grads = call(fn, wide, [o.dtype for o in want if o is not None and o.requires_grad])
+        except Exception:  # noqa: BLE001 -- a program that does not run in float64 keeps its finding
+            ref, ref_grads = None, None
+        if ref is not None and as_close_as_eager(got + got_grads, want + want_grads, ref + ref_grads):
+            return "ok", src, None
     return ("mismatch" if why else "ok"), src, why
+
+
+def as_close_as_eager(got: list, want: list, ref: list) -> bool:
+    """Whether every float result minicomp gave is at most twice as far from a float64 run's (`ref`)
+    as eager's: then a difference from eager beyond tolerance is rounding an ill-conditioned result
+    amplifies (sin of 9e4, a cancellation), which eager's own result carries as much, not a bug."""
+    if len(got) != len(want) or len(ref) != len(want):
+        return False
+    for g, w, r in zip(got, want, ref):
+        if g is None or w is None or not w.is_floating_point():
+            continue
+        if r is None or r.shape != w.shape:
+            return False
+        g64, w64, r64 = g.detach().double(), w.detach().double(), r.detach().double()
+        finite = torch.isfinite(g64) & torch.isfinite(w64) & torch.isfinite(r64)
+        if finite.any():
+            mine = (g64[finite] - r64[finite]).abs().max().item()
+            theirs = (w64[finite] - r64[finite]).abs().max().item()
+            if mine > 2 * theirs:
+                return False
+    return True
 
 
 def main(argv=None) -> int:

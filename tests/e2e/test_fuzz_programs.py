@@ -102,3 +102,16 @@ def test_a_comparison_at_a_rounding_tie_is_not_a_finding():
     ours, eager = minicomp.compile(f, backend="cpu")(x), f(x)
     assert ours.abs().max() < 1e-6 and eager.abs().max() < 1e-6
     assert not torch.equal(x + ours > x, x + eager > x)  # the tie the fuzzer tripped on
+
+
+def test_an_ill_conditioned_result_is_judged_against_float64():
+    """Seed 91233 takes sin of values near 9e4 (a matmul's sum times a row): eager and minicomp both
+    differ from the float64 run by about 0.01, more than f32's tolerance from each other. That is
+    rounding, not a finding; a result further from float64 than twice eager's distance still is."""
+    torch._dynamo.reset()
+    outcome, src, why = fuzz.run_one(91233, "cpu")
+    assert outcome == "ok", f"{outcome}: {why}\n{src}"
+    ref, want = [torch.tensor([1.0], dtype=torch.float64)], [torch.tensor([1.0001])]
+    assert fuzz.as_close_as_eager([torch.tensor([1.00015])], want, ref)
+    assert not fuzz.as_close_as_eager([torch.tensor([1.01])], want, ref)
+    assert not fuzz.as_close_as_eager([torch.tensor([1.0001, 2.0])], want, [torch.tensor([1.0, 2.0, 3.0])])
