@@ -187,27 +187,35 @@ def _give_back(w: _Worker, ok: bool) -> None:
 
 
 class Job:
-    """One module compiling on a worker: `result()` waits for its object code; None when the worker
-    failed (logged; the caller compiles the module itself)."""
+    """One module compiling on a thread while the caller goes on: `compile(*args)` gives its object
+    code, or None when it failed (the caller then compiles the module itself, where LLVM's error
+    reaches the user). `remote`: the thread waits on a worker process (`submit`); else the module
+    compiles in this process (runtime/llvm_jit.py). `result()` waits for it: None also when the
+    thread never ran to its end (this is a child forked meanwhile, the thread left in the parent)."""
 
-    def __init__(self, worker: _Worker, cpu: str, features: str, ir_text: str):
+    def __init__(self, compile, *args, remote: bool = False):
+        self.remote = remote
         self._out: list = []
-        self._thread = threading.Thread(target=self._run, args=(worker, cpu, features, ir_text), daemon=True)
+        self._thread = threading.Thread(target=lambda: self._out.append(compile(*args)), daemon=True)
         self._thread.start()
-
-    def _run(self, worker, cpu, features, ir_text) -> None:
-        try:
-            self._out.append(worker.compile(cpu, features, ir_text))
-            _give_back(worker, True)
-        except Refused:  # compiling it here raises LLVM's error where the user sees it
-            _give_back(worker, True)
-        except Exception as e:
-            log.info("minicomp: a compile worker failed (%s); compiling that module in this process", e)
-            _give_back(worker, False)
 
     def result(self):
         self._thread.join()
         return self._out[0] if self._out else None
+
+
+def _on_worker(worker: _Worker, cpu: str, features: str, ir_text: str):
+    """The module's object code from `worker`, which goes back to the idle ones (or is replaced)."""
+    try:
+        obj = worker.compile(cpu, features, ir_text)
+        _give_back(worker, True)
+        return obj
+    except Refused:  # compiling it here raises LLVM's error where the user sees it
+        _give_back(worker, True)
+    except Exception as e:
+        log.info("minicomp: a compile worker failed (%s); compiling that module in this process", e)
+        _give_back(worker, False)
+    return None
 
 
 def submit(ir_text: str, cpu: str, features: str):
@@ -216,13 +224,13 @@ def submit(ir_text: str, cpu: str, features: str):
         return None
     prestart()  # replaces workers found dead, and ones that failed (up to MAX_FAILURES)
     got = _take(1)
-    return Job(got[0], cpu, features, ir_text) if got else None
+    return Job(_on_worker, got[0], cpu, features, ir_text, remote=True) if got else None
 
 
 def compile_objects(texts: list, cpu: str, features: str, compile_here, jobs: dict | None = None) -> tuple[list, int]:
-    """Object code for each IR text, and how many came from workers. `jobs`: {index: a Job, or any
-    job whose result() gives object code or None} already started; of the others, texts[0] (and any
-    that find no idle worker) compile here with `compile_here(text)`, the rest on workers meanwhile."""
+    """Object code for each IR text, and how many came from workers. `jobs`: {index: Job} already
+    started; of the others, texts[0] (and any that find no idle worker) compile here with
+    `compile_here(text)`, the rest on workers meanwhile."""
     jobs = dict(jobs or {})
     for i in range(1, len(texts)):
         if i not in jobs:
@@ -240,7 +248,7 @@ def compile_objects(texts: list, cpu: str, features: str, compile_here, jobs: di
         if results[i] is None:
             results[i] = compile_here(texts[i])
         else:
-            remote += isinstance(job, Job)  # not a job on a thread of this process (runtime/llvm_jit.py)
+            remote += job.remote
     return results, remote
 
 

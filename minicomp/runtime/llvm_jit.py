@@ -65,7 +65,7 @@ def compile_object(ir_text: str) -> bytes:
         return llvm_worker.compile_object(_target_machine(), ir_text)
 
 
-# Compiles finish on threads of this process (JitModule, _HereJob) while the caller goes on, so a
+# Compiles finish on threads of this process (JitModule, jit_pool.Job) while the caller goes on, so a
 # thread of ours may be inside LLVM when the process forks (a DataLoader's workers): the child would
 # find llvmlite's lock held by a thread it does not have, and LLVM half way through a module. Our
 # threads enter LLVM only holding _in_llvm, and a fork waits for it.
@@ -85,28 +85,16 @@ def start_compile(ir_text: str):
     or None when the disk cache has the module (JitModule loads it)."""
     if cache.has("cpu", _cache_key(ir_text)):
         return None
-    return jit_pool.submit(ir_text, *_host()) or _HereJob(ir_text)
+    return jit_pool.submit(ir_text, *_host()) or jit_pool.Job(_compile_quietly, ir_text)
 
 
-class _HereJob:
-    """One module compiling on a thread of this process. result(): its object code, or None when
-    the thread failed (JitModule then compiles the module again where the caller sees LLVM's error)
-    or never ran to its end (this is a child forked meanwhile, the thread left in the parent)."""
-
-    def __init__(self, ir_text: str):
-        self._out: list = []
-        self._thread = threading.Thread(target=self._run, args=(ir_text,), daemon=True, name="minicomp-llvm")
-        self._thread.start()
-
-    def _run(self, ir_text: str) -> None:
-        try:
-            self._out.append(compile_object(ir_text))
-        except Exception:  # noqa: BLE001 -- raised again, in the caller's thread, by its second compile
-            pass
-
-    def result(self):
-        self._thread.join()
-        return self._out[0] if self._out else None
+def _compile_quietly(ir_text: str):
+    """A compile thread's work: None where LLVM refuses the module (JitModule compiles it again in
+    the thread that needs it, where the error reaches the user) rather than a thread's traceback."""
+    try:
+        return compile_object(ir_text)
+    except Exception:  # noqa: BLE001 -- raised again by that second compile
+        return None
 
 
 class JitModule:
@@ -135,7 +123,7 @@ class JitModule:
                     cache.drop("cpu", k)
         missing = [i for i, e in enumerate(self.engines) if e is None]
         self.cached = not missing
-        self.in_workers = sum(isinstance(j, jit_pool.Job) for j in jobs.values())
+        self.in_workers = sum(j.remote for j in jobs.values())
         self.seconds = self.waited = 0.0
         self._lock = threading.Lock()
         self._todo = (texts, keys, missing, jobs, t0) if missing else None

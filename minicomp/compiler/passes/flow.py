@@ -18,8 +18,8 @@ from networkx.algorithms.flow import boykov_kolmogorov
 def _residual(edges: list, source, sink) -> nx.DiGraph:
     cap: dict = {}
     for u, v, c in edges:  # a repeated edge keeps a capacity it was given (DiGraph.add_edge's update)
-        if u != v and (c is None or c > 0):
-            cap[u, v] = c if c is not None or (u, v) not in cap else cap[u, v]
+        if u != v and (c is None or c > 0) and (c is not None or (u, v) not in cap):
+            cap[u, v] = c
     inf = 3 * sum(c for c in cap.values() if c is not None) or 1
     R = nx.DiGraph()
     R.add_nodes_from((source, sink))
