@@ -52,7 +52,6 @@ def prepare():
 
 def build(graph, ctx):
     from ..codegen import llvm_module
-    from ..codegen.llvm import BUFS_SUFFIX, PAR_SUFFIX, RUN_SUFFIX
     from ..ir.kernel import check_sites, outer_extent
     from ..runtime import cpu, jit_pool, llvm_jit
     from ..runtime.cpu import KernelLaunch
@@ -75,8 +74,7 @@ def build(graph, ctx):
     if key not in ctx.artifacts:  # a Built graph (capture.py) carries its modules from the first compile
         # no graph name in the modules: stable cache keys
         ctx.artifacts[key] = llvm_module.generate_modules([n.meta["kernel"] for n in knodes], parts,
-                                                          whole=lambda k: mode(k) == "whole", openmp=cpu.openmp(),
-                                                          sized=sized, min_bodies=jit_pool.MIN_BODIES_PER_MODULE,
+                                                          whole=lambda k: mode(k) == "whole", sized=sized, min_bodies=jit_pool.MIN_BODIES_PER_MODULE,
                                                           on_text=early)
         phases["llvm_ir"] = _ms(time.perf_counter() - t0)
     texts, kernels = ctx.artifacts[key]
@@ -92,11 +90,7 @@ def build(graph, ctx):
     codegen_s = time.perf_counter() - t0
 
     def launch(k, slots):
-        m = mode(k)
-        entry = jit.address(k.name + (RUN_SUFFIX if m == "whole" else PAR_SUFFIX)) if m != "chunks" else None
-        bufs = jit.global_address(k.name + BUFS_SUFFIX) if m != "chunks" else None
-        sites = tuple(check_sites(k))
-        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), k.name, m, entry, bufs, sites)
+        return KernelLaunch(jit.address(k.name), slots, outer_extent(k), k.name, mode(k), tuple(check_sites(k)))
 
     def bind(steps):  # the program's first call
         jit.wait()
@@ -135,7 +129,6 @@ def _sized_launch(jit):
     an array it points to, and runs whole or on the OpenMP team as the size at hand calls for."""
     import ctypes
 
-    from ..codegen.llvm import PART_SUFFIX, WHOLE_SUFFIX
     from ..ir.kernel import check_sites, outer_extent
     from ..ir import sym
     from ..ir.kernel import kernel_symbols
@@ -147,10 +140,8 @@ def _sized_launch(jit):
         work = math.prod(sym.evaluate(v.size, values) for v in k.outer + k.inner)
         names = kernel_symbols(k)
         sizes = (ctypes.c_int64 * len(names))(*[values[s] for s in names]) if names else None
-        m = cpu.launch_mode(work, ext)
-        mode, entry = {"whole": ("table", jit.address(k.name + WHOLE_SUFFIX)),
-                       "openmp": ("part", jit.address(k.name + PART_SUFFIX))}.get(m, (m, None))
-        return KernelLaunch(jit.address(k.name), slots, ext, k.name, mode, entry, None, tuple(check_sites(k)), sizes)
+        return KernelLaunch(jit.address(k.name), slots, ext, k.name, cpu.launch_mode(work, ext),
+                            tuple(check_sites(k)), sizes)
     return launch
 
 

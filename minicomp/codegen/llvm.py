@@ -27,13 +27,14 @@ A reduction down columns (a layer_norm weight gradient) runs in column tiles (co
 A kernel over symbolic sizes (ir/sym.py) reads them at run time: its buffer table holds one more
 pointer, to the program's array of size values, its body loads the symbols it uses once at entry and
 computes every symbolic extent, coefficient and divisor from them (LLVM hoists what loops do not
-change); it has no <name>_run, and its <name>_part(i32 threads, ptr table) splits its outer range on
-the OpenMP team with the table passed along, so each program instance (one per call size,
-runtime/sized.py) brings a table of its own.
+change), so each program instance (one per call size, runtime/sized.py) brings a table of its own.
 Kernels whose bodies print the same (body_key: the same layer repeated, buffers by position) share
-one <name>_body, each calling it with its own buffers: optimizing and emitting machine code is most
-of a cold compile after tracing, and four GPT blocks then cost it about once (codegen 682 -> 270 ms).
-Every body is out of line and every entry point `optnone` (_entry).
+one <name>_body and its entry (llvm_module.py names the others' entries as aliases of it):
+optimizing and emitting machine code is most of a cold compile after tracing, and four GPT blocks
+then cost it about once (codegen 682 -> 270 ms).
+The body is out of line and the entry point `optnone` (_entry). Nothing else is generated per
+kernel: running the whole range in one call, or chunks of it on torch's OpenMP team, goes through
+the runtime's own entries (runtime/cpu.py), which take the kernel's entry, table and extent.
 """
 from __future__ import annotations
 
@@ -52,11 +53,6 @@ from .llvm_values import I1, I64, Ops, const, emit_sym, mem_type, reg_type
 
 PTR = ir.PointerType()
 I32 = ir.IntType(32)
-# a kernel the runtime always runs whole also gets <name>_run(), which takes no arguments (a ctypes call
-# without arguments costs a fifth of one with three) and reads its buffer pointers from <name>_bufs;
-# one it splits across threads gets <name>_par(i32 threads), which runs a chunk of the range on each
-# thread of an OpenMP team (GOMP_parallel: torch's own OpenMP runtime, see runtime/cpu.py)
-RUN_SUFFIX, PAR_SUFFIX, BUFS_SUFFIX, PART_SUFFIX, WHOLE_SUFFIX = "_run", "_par", "_bufs", "_part", "_whole"
 # A kernel's buffer table holds its buffers, then one more pointer: the 32-bit word where a kernel
 # that checks (check_sites) sets bit j when check j failed. Each table has its own word, so calls
 # running side by side (each with its own table) never see each other's failures.
@@ -66,10 +62,9 @@ MATH_INTERLEAVE = 4
 MATH_INTERLEAVE_MIN_TRIPS = 256  # shorter loops would leave most iterations to the scalar remainder
 NO_UNROLL_MIN_TRIPS = 128  # constant-trip loops this long are not unrolled (see the module docstring)
 class KernelCodegen:
-    def __init__(self, module: ir.Module, kernel: Kernel, whole: bool = False, openmp: bool = False,
-                 sized: bool = False):
-        """`sized`: the kernel is part of a program over symbolic sizes (no global table, <name>_part)."""
-        self.module, self.k, self.whole, self.openmp, self.sized = module, kernel, whole, openmp, sized
+    def __init__(self, module: ir.Module, kernel: Kernel, whole: bool = False):
+        """`whole`: the runtime always runs the kernel over its whole outer range (constant bounds)."""
+        self.module, self.k, self.whole = module, kernel, whole
         self.vars: dict = {}
         self.scopes: list[dict] = []
         self.accs: dict = {}
@@ -303,34 +298,17 @@ class KernelCodegen:
         self.b.store(self.ops.to_mem(dt, value), ptr)
 
     # -- the function ------------------------------------------------------------------------------
-    def generate(self, body=None) -> None:
-        """The kernel's entry points; `body`: the <name>_body of an identical kernel (body_key) this
-        module already has, which they call instead of a new one."""
+    def generate(self) -> None:
+        """The kernel's body and its one entry point, <name>(ptr table, i64 start, i64 end)."""
         k = self.k
-        nb = len(k.buffers)
-        fn = body if body is not None else self.generate_body()
-        self.body = fn
-        wrapper = _entry(ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), k.name))
-        wb = ir.IRBuilder(wrapper.append_basic_block("entry"))
-        bufs = wrapper.args[0]
-        ptrs = [wb.load(wb.gep(bufs, [I64(i)], source_etype=PTR), typ=PTR) for i in range(nb + 1 + bool(self.symbols))]
-        wb.call(fn, ptrs + [wrapper.args[1], wrapper.args[2]])
-        wb.ret_void()
-        if self.sized:  # no global table: each program instance passes its own (runtime/sized.py)
-            self.whole_entry(wrapper)
-            if self.openmp:
-                self.parallel(wrapper, None)
-            return
-        if self.whole or self.openmp:  # the buffers (and the flag word's address) in the global <name>_bufs
-            table = ir.GlobalVariable(self.module, ir.ArrayType(PTR, nb + 1), k.name + BUFS_SUFFIX)
-            table.initializer = ir.Constant(table.value_type, None)
-        if self.whole:  # <name>_run(): no arguments, the whole range
-            run = _entry(ir.Function(self.module, ir.FunctionType(ir.VoidType(), []), k.name + RUN_SUFFIX))
-            rb = ir.IRBuilder(run.append_basic_block("entry"))
-            rb.call(wrapper, [table, I64(0), I64(outer_extent(k))])
-            rb.ret_void()
-        elif self.openmp:
-            self.parallel(wrapper, table)
+        fn = self.body = self.generate_body()
+        entry = _entry(ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), k.name))
+        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        table = entry.args[0]
+        n = len(k.buffers) + 1 + bool(self.symbols)  # the buffers, the flag word, the sizes array
+        ptrs = [b.load(b.gep(table, [I64(i)], source_etype=PTR), typ=PTR) for i in range(n)]
+        b.call(fn, ptrs + [entry.args[1], entry.args[2]])
+        b.ret_void()
 
     def generate_body(self):
         """<name>_body(ptr noalias b0, ..., ptr flags, i64 start, i64 end): the loop nest."""
@@ -386,55 +364,6 @@ class KernelCodegen:
             self.b.branch(start_bb)
         return fn
 
-    def extent_from(self, b, table):
-        """The outer extent, computed in builder b from the sizes array `table` points to."""
-        ext = outer_extent(self.k)
-        if not isinstance(ext, sym.Sym):
-            return I64(ext)
-        sizes = b.load(b.gep(table, [I64(len(self.k.buffers) + 1)], source_etype=PTR), typ=PTR)
-        vals = {s: b.load(b.gep(sizes, [I64(i)], source_etype=I64), typ=I64) for i, s in enumerate(self.symbols)}
-        return emit_sym(b, ext, vals)
-
-    def whole_entry(self, wrapper) -> None:
-        """<name>_whole(ptr table): the whole outer range in one call taking one argument (a ctypes
-        call costs about 0.2 us an argument): how a sized program instance runs a kernel unsplit."""
-        fn = _entry(ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]), self.k.name + WHOLE_SUFFIX))
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
-        b.call(wrapper, [fn.args[0], I64(0), self.extent_from(b, fn.args[0])])
-        b.ret_void()
-
-    def parallel(self, wrapper, table) -> None:
-        """<name>_par(i32 threads): GOMP_parallel runs <name>_omp on each thread of a team (the caller
-        included), and each runs its share [ext*t/n, ext*(t+1)/n) of the outer range. With `table`
-        None (a kernel over symbolic sizes) it is <name>_part(i32 threads, ptr table): the table
-        travels as GOMP's data pointer and the extent is computed from its sizes array."""
-        m, k = self.module, self.k
-
-        def extern(name, ty):
-            return m.globals.get(name) or ir.Function(m, ty, name)
-        thread_num = extern("omp_get_thread_num", ir.FunctionType(I32, []))
-        num_threads = extern("omp_get_num_threads", ir.FunctionType(I32, []))
-        gomp = extern("GOMP_parallel", ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]))
-        task = _entry(ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR]), k.name + "_omp"))
-        task.linkage = "internal"
-        b = ir.IRBuilder(task.append_basic_block("entry"))
-        t, n = b.sext(b.call(thread_num, []), I64), b.sext(b.call(num_threads, []), I64)
-        data = table if table is not None else task.args[0]
-        ext = self.extent_from(b, data) if table is None else I64(outer_extent(k))
-        lo = b.sdiv(b.mul(ext, t), n)
-        hi = b.sdiv(b.mul(ext, b.add(t, I64(1))), n)
-        b.call(wrapper, [data, lo, hi])
-        b.ret_void()
-        if table is None:
-            par = _entry(ir.Function(m, ir.FunctionType(ir.VoidType(), [I32, PTR]), k.name + PART_SUFFIX))
-            b = ir.IRBuilder(par.append_basic_block("entry"))
-            b.call(gomp, [task, par.args[1], par.args[0], I32(0)])
-        else:
-            par = _entry(ir.Function(m, ir.FunctionType(ir.VoidType(), [I32]), k.name + PAR_SUFFIX))
-            b = ir.IRBuilder(par.append_basic_block("entry"))
-            b.call(gomp, [task, ir.Constant(PTR, None), par.args[0], I32(0)])
-        b.ret_void()
-
 
 def _prestores(k: Kernel):
     """Inner stores `v op s` (op: div or mul, s fixed per row) whose v is what the last stage reduces:
@@ -461,11 +390,12 @@ def _uses(e: KExpr, names: set) -> bool:
 
 
 def _entry(fn: ir.Function) -> ir.Function:
-    """An entry point: a few loads and a call of the kernel's <name>_body, kept out of line. Each
-    kernel has two or three (<name>, and <name>_run or <name>_omp/_par); inlined into each, the body
-    was optimized and emitted once per entry, and LLVM's O3 pipeline and instruction selection cost
-    a few milliseconds per function whatever its size: `optnone` leaves the entries to the fast
-    path (HF GPT-2's 15 kernels: 226 -> 138 ms of LLVM)."""
+    """An entry point: a few loads and a call of the kernel's <name>_body, kept out of line. Inlined
+    into each entry (kernels had three: <name>, and <name>_run or <name>_omp/_par), the body was
+    optimized and emitted once per entry, and LLVM's O3 pipeline and instruction selection cost a
+    few milliseconds per function whatever its size: `optnone` leaves the entries to the fast path
+    (HF GPT-2's 15 kernels: 226 -> 138 ms of LLVM). Each function still costs LLVM about 0.3 ms
+    even so, which is why a kernel now has one entry and one sharing a body has none (an alias)."""
     fn.attributes.add("noinline")
     fn.attributes.add("optnone")
     return fn

@@ -1,6 +1,7 @@
 """A graph's kernels as LLVM modules: one (generate_module), or several of about equal work to
 compile side by side (generate_modules, runtime/jit_pool.py). Kernels with one body_key -- the same
-layer repeated -- share one <name>_body, so each loop nest is compiled once.
+layer repeated -- share one <name>_body and its entry point, so each loop nest is compiled once: the
+other kernels' entries are aliases of the first one's (a symbol in the object code, no function).
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from .collapse import collapse
 from .llvm import KernelCodegen
 
 BODY_DEFINITION = re.compile(r'^define internal void @"[^"]*_body"', re.M)  # one per distinct body (body_key)
-ENTRY_COST = 300  # a kernel's entry points against its body's text length, for balancing modules
 
 
 def body_key(k: Kernel, whole: bool) -> str:
@@ -27,18 +27,17 @@ def body_key(k: Kernel, whole: bool) -> str:
 
 
 def generate_module(kernels, name: str = "minicomp", whole=lambda k: False,
-                    openmp: bool = False, sized: bool = False) -> tuple[str, list[Kernel]]:
+                    sized: bool = False) -> tuple[str, list[Kernel]]:
     """LLVM IR text for all kernels of a graph; returns (text, the collapsed kernels). `whole(k)` says
-    whether the runtime always calls collapsed kernel k over its whole outer range (never split);
-    `openmp`: the others split their range on an OpenMP team (<name>_par). `sized`: a program over
-    symbolic sizes, whose kernels all take their table as an argument (<name>_part). Kernels with one
-    body_key share one <name>_body."""
-    texts, out = generate_modules(kernels, 1, name, whole, openmp, sized)
+    whether the runtime always calls collapsed kernel k over its whole outer range (never split:
+    its body gets constant bounds); `sized`: a program over symbolic sizes (none is whole: its
+    launch modes are decided per call size). Kernels with one body_key share one <name>_body."""
+    texts, out = generate_modules(kernels, 1, name, whole, sized)
     return texts[0], out
 
 
 def generate_modules(kernels, parts: int, name: str = "minicomp", whole=lambda k: False,
-                     openmp: bool = False, sized: bool = False, min_bodies: int = 1,
+                     sized: bool = False, min_bodies: int = 1,
                      on_text=None) -> tuple[list[str], list[Kernel]]:
     """generate_module's kernels in at most `parts` modules of about equal work, to compile side by
     side (runtime/jit_pool.py), and at most one module per `min_bodies` distinct bodies: kernels that
@@ -51,9 +50,7 @@ def generate_modules(kernels, parts: int, name: str = "minicomp", whole=lambda k
         k = collapse(k)
         w = not sized and whole(k)
         items.append((k, w, body_key(k, w)))
-    cost: dict = {}
-    for _, _, key in items:
-        cost[key] = len(key) if key not in cost else cost[key] + ENTRY_COST
+    cost = {key: len(key) for _, _, key in items}  # a kernel sharing a body costs LLVM no more than an alias
     bins = [[0, set()] for _ in range(max(1, min(parts, len(cost) // max(1, min_bodies))))]
     for key in sorted(cost, key=lambda key: -cost[key]):
         lightest = min(bins, key=lambda b: b[0])
@@ -61,13 +58,16 @@ def generate_modules(kernels, parts: int, name: str = "minicomp", whole=lambda k
         lightest[1].add(key)
     texts: list = [None] * len(bins)
     for i in reversed(range(len(bins))):
-        module, bodies = ir.Module(name), {}
+        module, entries, aliases = ir.Module(name), {}, []
         for k, w, key in items:
-            if key in bins[i][1]:
-                cg = KernelCodegen(module, k, w, openmp and not w, sized)
-                cg.generate(bodies.get(key))
-                bodies.setdefault(key, cg.body)
-        texts[i] = str(module)
+            if key not in bins[i][1]:
+                continue
+            if key in entries:
+                aliases.append(f'@"{k.name}" = alias void (ptr, i64, i64), ptr @"{entries[key]}"\n')
+            else:
+                KernelCodegen(module, k, w).generate()
+                entries[key] = k.name
+        texts[i] = str(module) + "\n" + "".join(aliases)
         if on_text is not None:
             on_text(i, texts[i])
     return texts, [k for k, _, _ in items]

@@ -4,8 +4,8 @@ Kernel launches are prepared at compile time (a function pointer, the env slots 
 outer extent to split across threads) and run as steps of a runtime/program.py Program.
 
 A kernel big enough to split (PARALLEL_MIN_WORK) runs its outer range in chunks on the threads of
-torch's own OpenMP runtime: the kernel's <name>_par calls GOMP_parallel, as Inductor's C++ kernels
-and ATen's ops do. A second pool of threads would fight OpenMP's for the cores -- after a matmul its
+torch's own OpenMP runtime: the runtime's minicomp_par calls GOMP_parallel, as Inductor's C++
+kernels and ATen's ops do. A second pool of threads would fight OpenMP's for the cores -- after a matmul its
 threads spin for a while before they sleep -- and find them asleep when it hands over work; on the
 team torch's matmuls just used, a split costs a few microseconds. Where torch runs no OpenMP runtime
 we can find (or MINICOMP_OPENMP=0), the chunks go to a thread pool of our own (ctypes releases the
@@ -27,10 +27,8 @@ from ..errors import KernelIndexError, KernelZeroDivisionError
 from .llvm_jit import JitModule
 
 _KERNEL_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
-_RUN_T = ctypes.CFUNCTYPE(None)
-_PAR_T = ctypes.CFUNCTYPE(None, ctypes.c_int32)
-_PART_T = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_void_p)
-_WHOLE_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_RUN_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_PAR_T = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_void_p)
 _OPENMP_SYMBOLS = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
 _lock = threading.Lock()
 _state: dict = {}
@@ -101,25 +99,19 @@ class KernelLaunch:
     at the same time as this one (runtime/program.py)."""
 
     def __init__(self, fn_addr: int, slots: list, extent: int, name: str, mode: str = "whole",
-                 entry: int | None = None, bufs: int | None = None, sites: tuple = (), sizes=None):
-        """`entry`: the address of <name>_run ("whole") or <name>_par ("openmp"), which read the
-        module's global table at `bufs` (<name>_bufs); mode "args" calls <name>(table, 0, extent)
-        with a table of its own, "chunks" splits that call over our thread pool, "part" calls
-        <name>_part(threads, table) (a sized program's kernel on the OpenMP team), "table" calls
-        <name>_whole(table) (one of its kernels over the whole range). `sizes`: the
-        int64 array of the symbol values such a kernel reads (its table's last entry points to it)."""
+                 sites: tuple = (), sizes=None):
+        """`fn_addr`: the kernel's entry, <name>(table, start, end). Mode "whole" runs the whole
+        range in one call, "openmp" splits it on torch's OpenMP team, "chunks" on our thread pool;
+        the first two go through the runtime's entries (_Runtime), which read the kernel's entry,
+        table and extent from this launch's `desc`. `sizes`: the int64 array of the symbol values
+        a kernel over symbolic sizes reads (its table's last entry points to it)."""
         self.fn_addr, self.fn = fn_addr, _KERNEL_T(fn_addr)
         self.failed = ctypes.c_int32(0) if sites else None
         self.sites = sites
         self.slots = slots
         self.mode = mode
-        self.run = _RUN_T(entry) if mode == "whole" else None
-        self.par = _PAR_T(entry) if mode == "openmp" else None
-        self.part = _PART_T(entry) if mode == "part" else None
-        self.whole = _WHOLE_T(entry) if mode == "table" else None
-        self.entry = entry
         n = len(slots) + 1 + (sizes is not None)
-        self.ptrs = (ctypes.c_void_p * n).from_address(bufs) if bufs is not None else (ctypes.c_void_p * n)()
+        self.ptrs = (ctypes.c_void_p * n)()
         self.ptrs_addr = ctypes.addressof(self.ptrs)
         if self.failed is not None:
             self.ptrs[len(slots)] = ctypes.addressof(self.failed)
@@ -127,11 +119,18 @@ class KernelLaunch:
         if sizes is not None:
             self.ptrs[len(slots) + 1] = ctypes.addressof(sizes)
         self.extent = extent
+        self.desc = (ctypes.c_int64 * 3)(fn_addr, self.ptrs_addr, extent)
+        self.desc_addr = ctypes.addressof(self.desc)
         self.name = name
         self.threads = min(threads(), extent)  # "chunks": fixed now; "openmp": read again at each call
         self.chunks = None
         self.prefilled = frozenset()  # table entries written once (fixed pointers), not at each call
-        if mode == "chunks":
+        self.run = self.par = None
+        if mode == "whole":
+            self.run = runtime(False).run
+        elif mode == "openmp":
+            self.par = runtime(True).par
+        else:
             bounds = [extent * i // self.threads for i in range(self.threads + 1)]
             self.chunks = [(bounds[i], bounds[i + 1]) for i in range(self.threads)]
             self.pool = _pool()
@@ -139,25 +138,17 @@ class KernelLaunch:
     def private(self) -> "KernelLaunch":
         """This launch with its own pointer table and flag word: the whole range in one call on the
         calling thread (several calls already run side by side), or our pool's chunks as before."""
-        mode = "chunks" if self.mode == "chunks" else "args"
-        return KernelLaunch(self.fn_addr, self.slots, self.extent, self.name, mode, sites=self.sites, sizes=self.sizes)
+        mode = "chunks" if self.mode == "chunks" else "whole"
+        return KernelLaunch(self.fn_addr, self.slots, self.extent, self.name, mode, self.sites, self.sizes)
 
     def emit(self, k: int, v, ns: dict) -> list:
         """The generated call's lines for this launch (runtime/program.py): fill the pointers, call the kernel."""
-        ns[f"P{k}"], ns[f"L{k}"], ns[f"R{k}"], ns["threads"] = self.ptrs, self, self.run or self.par, threads
+        ns[f"P{k}"], ns[f"L{k}"], ns[f"R{k}"], ns[f"K{k}"] = self.ptrs, self, self.run or self.par, self.desc_addr
+        ns["threads"] = threads
         lines = [f"P{k}[{i}] = {v(s)}.data_ptr()" for i, s in enumerate(self.slots) if i not in self.prefilled]
         if self.failed is not None or self.chunks is not None:
             return lines + [f"L{k}.launch()"]
-        if self.mode == "args":
-            ns[f"F{k}"] = self.fn
-            return lines + [f"F{k}({self.ptrs_addr}, 0, {self.extent})"]
-        if self.mode == "part":
-            ns[f"R{k}"] = self.part
-            return lines + [f"R{k}(threads(), {self.ptrs_addr})"]
-        if self.mode == "table":
-            ns[f"R{k}"] = self.whole
-            return lines + [f"R{k}({self.ptrs_addr})"]
-        return lines + [f"R{k}()" if self.run is not None else f"R{k}(threads())"]
+        return lines + [f"R{k}(K{k})" if self.run is not None else f"R{k}(threads(), K{k})"]
 
     def prefill(self, fixed) -> None:
         """Write the pointers of the slots that never change (`fixed(slot)`: an arena view or a
@@ -173,17 +164,11 @@ class KernelLaunch:
 
     def launch(self) -> None:
         if self.run is not None:
-            self.run()
-        elif self.part is not None:
-            self.part(threads(), self.ptrs_addr)
-        elif self.whole is not None:
-            self.whole(self.ptrs_addr)
+            self.run(self.desc_addr)
         elif self.par is not None:
             # torch's setting at each call, as its own ops read it: torch.set_num_threads(1) in a
             # forked worker (a DataLoader's) keeps this call off the parent's OpenMP threads
-            self.par(threads())
-        elif self.chunks is None:
-            self.fn(self.ptrs_addr, 0, self.extent)
+            self.par(threads(), self.desc_addr)
         else:
             futures = [self.pool.submit(self.fn, self.ptrs_addr, lo, hi) for lo, hi in self.chunks[1:]]
             lo, hi = self.chunks[0]
@@ -197,14 +182,32 @@ class KernelLaunch:
             raise error("minicomp: " + "; ".join(message for _, message in failed))
 
 
-# One native call for a program whose steps are all kernels run whole or on the OpenMP team (the
-# CPU counterpart of a CUDA Graph replay): the plan lists, per kernel, its entry, whether it takes
-# the thread count, and where in its buffer table each pointer that changes between calls goes
-# (an index into the call's pointer array). Fixed pointers (arena, constants) are written into the
-# tables once, when the call is generated; a call fills one pointer array in one statement and makes
-# one ctypes call, however many kernels and inputs the program has. The runner is the same machine
-# code for every program (cached on disk like any module): nothing is compiled per program.
-_PLAN_IR = """
+# The runtime's own machine code, the same for every program (cached on disk like any module):
+# nothing is compiled per kernel but its body and one entry, <name>(table, start, end).
+# - minicomp_run(desc) runs a kernel's whole range: desc is its launch's three words (the kernel's
+#   entry, its table, its outer extent);
+# - minicomp_par(threads, desc) runs it on an OpenMP team: GOMP_parallel (torch's own runtime) calls
+#   minicomp_omp(desc) on each thread, which runs its share [ext*t/n, ext*(t+1)/n) of the range;
+# - minicomp_run_plan(plan, pointers, threads): every kernel of a program in one native call (the
+#   CPU counterpart of a CUDA Graph replay). The plan lists, per kernel, the runtime entry it goes
+#   through, whether that takes the thread count, its desc, and where in its table each pointer that
+#   changes between calls goes (an index into the call's pointer array). Fixed pointers (arena,
+#   constants) are written into the tables once, when the call is generated; a call fills one
+#   pointer array in one statement and makes one ctypes call, however many kernels and inputs.
+# Per kernel, these were three more functions of its own module (<name>_run, or <name>_omp and
+# <name>_par), each costing LLVM about 0.3 ms (HF BERT's training step: 64 ms of 344).
+_RUN_IR = """
+define void @minicomp_run(ptr %l) {
+entry:
+  %fn = load ptr, ptr %l
+  %tp = getelementptr i64, ptr %l, i64 1
+  %table = load ptr, ptr %tp
+  %ep = getelementptr i64, ptr %l, i64 2
+  %ext = load i64, ptr %ep
+  call void %fn(ptr %table, i64 0, i64 %ext)
+  ret void
+}
+
 define void @minicomp_run_plan(ptr %plan, ptr %d, i32 %threads) {
 entry:
   %n = load i64, ptr %plan
@@ -219,9 +222,11 @@ kbody:
   %fn = load i64, ptr %fp
   %pp = getelementptr i64, ptr %fp, i64 1
   %par = load i64, ptr %pp
-  %np = getelementptr i64, ptr %fp, i64 2
+  %dp = getelementptr i64, ptr %fp, i64 2
+  %desc = load ptr, ptr %dp
+  %np = getelementptr i64, ptr %fp, i64 3
   %npairs = load i64, ptr %np
-  %start = add i64 %pos, 3
+  %start = add i64 %pos, 4
   br label %ploop
 ploop:
   %j = phi i64 [0, %kbody], [%j1, %pbody]
@@ -248,10 +253,10 @@ call:
   %isp = icmp ne i64 %par, 0
   br i1 %isp, label %callpar, label %callrun
 callpar:
-  call void %f(i32 %threads)
+  call void %f(i32 %threads, ptr %desc)
   br label %cont
 callrun:
-  call void %f()
+  call void %f(ptr %desc)
   br label %cont
 cont:
   br label %kloop
@@ -259,37 +264,80 @@ exit:
   ret void
 }
 """
+_OMP_IR = """
+declare i32 @omp_get_thread_num()
+declare i32 @omp_get_num_threads()
+declare void @GOMP_parallel(ptr, ptr, i32, i32)
+
+define internal void @minicomp_omp(ptr %l) {
+entry:
+  %t32 = call i32 @omp_get_thread_num()
+  %n32 = call i32 @omp_get_num_threads()
+  %t = sext i32 %t32 to i64
+  %n = sext i32 %n32 to i64
+  %fn = load ptr, ptr %l
+  %tp = getelementptr i64, ptr %l, i64 1
+  %table = load ptr, ptr %tp
+  %ep = getelementptr i64, ptr %l, i64 2
+  %ext = load i64, ptr %ep
+  %a = mul i64 %ext, %t
+  %lo = sdiv i64 %a, %n
+  %t1 = add i64 %t, 1
+  %b = mul i64 %ext, %t1
+  %hi = sdiv i64 %b, %n
+  call void %fn(ptr %table, i64 %lo, i64 %hi)
+  ret void
+}
+
+define void @minicomp_par(i32 %threads, ptr %l) {
+entry:
+  call void @GOMP_parallel(ptr @minicomp_omp, ptr %l, i32 %threads, i32 0)
+  ret void
+}
+"""
 _PLAN_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
 
 
-def _plan_runner():
-    runner = _state.get("plan")
-    if runner is None:
-        with _plan_lock:  # built once, whichever thread asks first (warm_up's, a program's first call)
-            runner = _state.get("plan")
-            if runner is None:
-                jit = JitModule(_PLAN_IR)
-                runner = _state["plan"] = (jit, _PLAN_T(jit.address("minicomp_run_plan")))
-    return runner[1]
+class _Runtime:
+    """The runtime's entries, loaded: `run`, `plan` and, built with the OpenMP part, `par`."""
+
+    def __init__(self, omp: bool):
+        self.jit = JitModule(_RUN_IR + (_OMP_IR if omp else ""))
+        self.run = _RUN_T(self.jit.address("minicomp_run"))
+        self.plan = _PLAN_T(self.jit.address("minicomp_run_plan"))
+        self.par = _PAR_T(self.jit.address("minicomp_par")) if omp else None
+
+
+def runtime(omp: bool) -> _Runtime:
+    """The runtime's machine code, built once, whichever thread asks first (warm_up's, a program's
+    first call); `omp`: with minicomp_par, whose GOMP_parallel openmp() found (and registered)."""
+    key = ("runtime", bool(omp and openmp()))
+    rt = _state.get(key)
+    if rt is None:
+        with _plan_lock:
+            rt = _state.get(key)
+            if rt is None:
+                rt = _state[key] = _Runtime(key[1])
+    return rt
 
 
 def warm_up() -> None:
     """Start what every program of this process needs, on a thread, while Dynamo traces the first
-    graph (backends.prepare): the plan runner's machine code (about 16 ms with a cold disk cache)
-    and the target machine it is compiled with. LLVM works without the GIL: the trace loses nothing."""
+    graph (backends.prepare): the runtime's machine code (about 16 ms with a cold disk cache) and
+    the target machine it is compiled with. LLVM works without the GIL: the trace loses nothing."""
     with _lock:
-        if "plan" in _state or _state.get("warming"):
+        if _state.get("warming"):
             return
         _state["warming"] = True
-    threading.Thread(target=_plan_runner, daemon=True, name="minicomp-warm-up").start()
+    threading.Thread(target=lambda: runtime(True), daemon=True, name="minicomp-warm-up").start()
 
 
 def _after_fork_in_child() -> None:
-    """A fork while warm_up's thread built the runner leaves its lock held in the child, and no thread
-    to release it: the child builds its own."""
+    """A fork while warm_up's thread built the runtime leaves its lock held in the child, and no
+    thread to release it: the child builds its own."""
     global _plan_lock
     _plan_lock = threading.Lock()
-    if "plan" not in _state:
+    if not any(k in _state for k in (("runtime", False), ("runtime", True))):
         _state.pop("warming", None)
 
 
@@ -298,7 +346,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class PlanRun:
-    """All of a program's kernels as one native call (see _PLAN_IR). `launches`: the KernelLaunch
+    """All of a program's kernels as one native call (minicomp_run_plan, above). `launches`: the KernelLaunch
     steps in order, each run "whole" or "openmp" and without run-time checks (plannable); `dynamic`:
     the env slots whose pointers change between calls, in the order the call's array holds them;
     `fixed(slot)`: the tensor of a slot that never changes (arena view, constant), or None."""
@@ -315,10 +363,11 @@ class PlanRun:
                 else:
                     pairs += [launch.ptrs_addr + 8 * i, where[s]]
             entry = launch.run or launch.par
-            plan += [ctypes.cast(entry, ctypes.c_void_p).value, int(launch.par is not None), len(pairs) // 2, *pairs]
+            plan += [ctypes.cast(entry, ctypes.c_void_p).value, int(launch.par is not None), launch.desc_addr,
+                     len(pairs) // 2, *pairs]
         self.plan = (ctypes.c_int64 * len(plan))(*plan)
         self.pointers = (ctypes.c_void_p * max(1, len(dynamic)))()
-        self.run = _plan_runner()
+        self.run = runtime(False).plan
         self.args = (ctypes.addressof(self.plan), ctypes.addressof(self.pointers))
         self.launches = launches  # their tables and flag words live as long as the plan
 

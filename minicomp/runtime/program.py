@@ -120,9 +120,9 @@ class Program:
     Calls may come from several threads at once (a server's workers, a DataLoader's collate). Each
     call in flight runs on an executor of its own -- an arena, recycled outputs and kernel pointer
     tables no other call touches -- checked out of a small pool for the call and put back after, so
-    calls run side by side instead of queueing on one lock. The first executor uses the kernels'
-    fastest entry points (buffer tables global to the JIT module); one built for a second caller
-    in flight gets private tables (KernelLaunch.private). Checking out and back is a list pop and
+    calls run side by side instead of queueing on one lock. The first executor uses the launches'
+    own pointer tables; one built for a second caller in flight gets private tables
+    (KernelLaunch.private). Checking out and back is a list pop and
     append: atomic under the GIL, a tenth of a microsecond.
 
     Each step has `emit(k, v, ns)`: its lines of the generated call. `timers` (options.profile):

@@ -106,10 +106,10 @@ def test_a_fork_waits_for_a_thread_of_ours_inside_llvm():
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_warm_up_builds_the_plan_runner_once_while_the_caller_goes_on(fresh, monkeypatch):
+def test_warm_up_builds_the_runtime_once_while_the_caller_goes_on(fresh, monkeypatch):
     from minicomp.runtime import cpu
-    monkeypatch.delitem(cpu._state, "plan", raising=False)
-    monkeypatch.delitem(cpu._state, "warming", raising=False)
+    for key in (("runtime", False), ("runtime", True), "warming"):
+        monkeypatch.delitem(cpu._state, key, raising=False)
     built = []
     real = cpu.JitModule
 
@@ -119,8 +119,9 @@ def test_warm_up_builds_the_plan_runner_once_while_the_caller_goes_on(fresh, mon
     monkeypatch.setattr(cpu, "JitModule", counting)
     cpu.warm_up()
     cpu.warm_up()  # a second compile's prepare: nothing more starts
-    runner = cpu._plan_runner()  # waits for the thread's build, or builds it first and the thread finds it
-    assert runner is cpu._plan_runner() and len(built) == 1
+    runtime = cpu.runtime(True)  # waits for the thread's build, or builds it first and the thread finds it
+    assert runtime is cpu.runtime(True) and len(built) == 1
+    assert runtime.par is not None and cpu.openmp()
 
 
 def test_first_calls_from_several_threads_bind_once_and_all_get_the_right_result(fresh, monkeypatch):
