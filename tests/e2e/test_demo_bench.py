@@ -27,9 +27,10 @@ def test_bench_rows_and_table():
         assert set(r) == ROW_KEYS
         assert r["ok"] and r["max_abs_err"] < 1e-5
         assert r["eager_ms"] > 0 and r["minicomp_ms"] > 0 and r["fresh_ms"] > 0 and r["copy_gbps"] > 0
-    # the cold compile's parts: minicomp's own work (LLVM's share of it) inside the whole first call
+    # the cold compile's parts inside the whole first call: minicomp's own work, and LLVM's, which
+    # runs in the background from the end of code generation (it may outlast the own part)
     for r in rows:
-        assert 0 < r["llvm_s"] <= r["cold_own_s"] < r["compile_s"]
+        assert 0 < r["cold_own_s"] < r["compile_s"] and 0 < r["llvm_s"] < r["compile_s"]
         if r["inductor_compile_s"]:  # the floor: the traces and one call
             want = (r["trace_s"] + r["minicomp_ms"] / 1e3) / r["inductor_compile_s"]
             assert abs(r["trace_floor"] - want) < 1e-9
