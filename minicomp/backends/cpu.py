@@ -15,6 +15,7 @@ import math
 import time
 
 from .assemble import assemble
+from .copies import TensorCopy, strided_copy
 from .sized import sized_program
 
 FLOPS_PER_BYTE = 4.0  # the machine balance the fusion cost model plans for
@@ -72,12 +73,18 @@ def build(graph, ctx):
     def early(i, text):
         jobs[i] = llvm_jit.start_compile(text)
     if key not in ctx.artifacts:  # a Built graph (capture.py) carries its modules from the first compile
+        ks = [n.meta["kernel"] for n in knodes]
+        copies = {} if sized else {i: c for i, c in enumerate(map(strided_copy, ks)) if c is not None}
         # no graph name in the modules: stable cache keys
-        ctx.artifacts[key] = llvm_module.generate_modules([n.meta["kernel"] for n in knodes], parts,
-                                                          whole=lambda k: mode(k) == "whole", sized=sized, min_bodies=jit_pool.MIN_BODIES_PER_MODULE,
-                                                          on_text=early)
+        rest = [k for i, k in enumerate(ks) if i not in copies]
+        texts, compiled = llvm_module.generate_modules(rest, parts, whole=lambda k: mode(k) == "whole", sized=sized,
+                                                       min_bodies=jit_pool.MIN_BODIES_PER_MODULE,
+                                                       on_text=early) if rest else ([], [])
+        compiled = iter(compiled)
+        ctx.artifacts[key] = texts, [k if i in copies else next(compiled) for i, k in enumerate(ks)], copies
         phases["llvm_ir"] = _ms(time.perf_counter() - t0)
-    texts, kernels = ctx.artifacts[key]
+    texts, kernels, copies = ctx.artifacts[key]
+    by_name = {kernels[i].name: c for i, c in copies.items()}  # run as torch's copy_ (copies.py)
     text = "\n".join(texts)
     ctx.dump.stage("kernels", lambda: "\n".join(kernel_text(k) for k in kernels), level=3)
     ctx.dump.stage("llvm", text if len(texts) == 1 else "".join(  # each module's text whole, after its own header
@@ -86,10 +93,12 @@ def build(graph, ctx):
     # the program comes back while LLVM works (on workers and a thread): the Dynamo and AOTAutograd
     # steps after a backend returns overlap it, and the first call binds the kernels (waiting for
     # the rest of it). A program over symbolic sizes binds its first instance now.
-    jit = JitModule(texts, jobs, wait=sized) if knodes else None
+    jit = JitModule(texts, jobs, wait=sized) if len(knodes) > len(copies) else None
     codegen_s = time.perf_counter() - t0
 
     def launch(k, slots):
+        if k.name in by_name:
+            return TensorCopy(slots, by_name[k.name])
         return KernelLaunch(jit.address(k.name), slots, outer_extent(k), k.name, mode(k), tuple(check_sites(k)))
 
     def bind(steps):  # the program's first call
@@ -105,12 +114,14 @@ def build(graph, ctx):
         if jit is not None:
             phases["llvm_jit"] = _ms(jit.seconds)
     else:
-        program, detail = assemble(graph, ctx, kernels, _Unbound if jit else launch, jit)
+        program, detail = assemble(graph, ctx, kernels, lambda k, slots: _Unbound(k, slots) if jit and k.name not in
+                                   by_name else launch(k, slots), jit)
         if jit is not None:
             program.bind = bind
     phases["assemble"] = _ms(time.perf_counter() - t2)
     detail.update(llvm_cached=bool(jit and jit.cached), codegen_ms=_ms(codegen_s),
                   llvm_bodies=len(llvm_module.BODY_DEFINITION.findall(text)), llvm_modules=len(texts),
+                  torch_copies=len(copies),
                   llvm_in_workers=jit.in_workers if jit else 0)
     return program, detail
 

@@ -42,7 +42,7 @@ import llvmlite.ir as ir
 
 from ..ir import sym
 from ..ir.index import Expr, Var
-from ..ir.kernel import Kernel, KExpr, check_sites, kernel_symbols, outer_extent, site, walk
+from ..ir.kernel import Kernel, KExpr, check_sites, kernel_symbols, site, walk
 from .blocked_sums import blocked_nest, sum_blocking
 from .columns import columns, emit_columns
 from .pieces import split
