@@ -241,3 +241,46 @@ def test_the_llvm_dump_holds_every_module(fresh, monkeypatch, tmp_path):
     text = llvm.read_text()
     assert "module 1 of 2" in text and "module 2 of 2" in text
     assert len(BODY_DEFINITION.findall(text)) >= 6  # every kernel's body is in one of them
+
+
+def test_jobs_run_on_runner_threads_started_ahead():
+    """prestart starts the runner threads; a job handed to an idle one starts no thread (a start
+    waits until the new thread runs: milliseconds with LLVM on every core), and a job waiting on
+    another job never waits behind it in a queue (a busy runner: a new thread takes the job)."""
+    import threading
+    jit_pool.prestart()
+    before = threading.active_count()
+    order = []
+    inner = []
+
+    def outer():
+        inner.append(jit_pool.run_soon(lambda: order.append("inner")))
+        inner[0].wait()  # the other job runs while this one waits for it
+        order.append("outer")
+    jit_pool.run_soon(outer).wait()
+    assert order == ["inner", "outer"]
+    assert threading.active_count() == before  # both ran on runners already there
+    many = [jit_pool.run_soon(lambda: threading.Event().wait(0.2)) for _ in range(jit_pool.RUNNERS + 2)]
+    for done in many:  # more jobs at once than idle runners: each still got a thread
+        done.wait()
+    assert threading.active_count() >= before + 2
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_child_forked_while_a_job_runs_does_not_wait_for_it():
+    """The job's thread stayed in the parent: in the child its Done is set, and a Job's result is
+    None (the caller compiles the module itself)."""
+    import os
+    import threading
+    go = threading.Event()
+    job = jit_pool.Job(lambda: go.wait(30) and b"late")
+    pid = os.fork()
+    if pid == 0:
+        ok = job.result() is None and not jit_pool._state["inflight"]
+        done = jit_pool.run_soon(lambda: None)  # the child's own runner serves it
+        done.wait()
+        os._exit(0 if ok else 1)
+    go.set()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert job.result() == b"late"
