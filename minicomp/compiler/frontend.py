@@ -8,6 +8,7 @@ naming the op and the user's source line instead.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import os
@@ -15,7 +16,6 @@ import re
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import MinicompError, UnsupportedOpError
@@ -35,12 +35,10 @@ _AS_EXTERN = {torch.ops.aten.view.default: torch.ops.aten.reshape.default,
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def source_line(fx_node: fx.Node) -> str:
-    """The user's line that produced this op, from Dynamo's stack trace: 'file.py:12 in forward: y = f(x)'.
-    minicomp's own frames (the entry that calls the model) are not the user's; where nothing else
-    is left (an op inside a torch.nn module compiled directly: Dynamo keeps no frames of torch's
-    own code), the module it came from, from Dynamo's module stack."""
-    trace = fx_node.meta.get("stack_trace") or ""
+@functools.lru_cache(maxsize=4096)
+def _user_frame(trace: str):
+    """source_line's answer from a stack trace, or None (the ops of one user line share its trace:
+    asked once per line, not once per op)."""
     lines = [ln.strip() for ln in trace.strip().splitlines()]
     for i in range(len(lines) - 1, -1, -1):
         if lines[i].startswith("File "):
@@ -52,6 +50,17 @@ def source_line(fx_node: fx.Node) -> str:
             where = ",".join(parts[1:]).replace(" line ", "").strip()
             code = lines[i + 1] if i + 1 < len(lines) else ""
             return f"{file}:{where}: {code}".strip()
+    return None
+
+
+def source_line(fx_node: fx.Node) -> str:
+    """The user's line that produced this op, from Dynamo's stack trace: 'file.py:12 in forward: y = f(x)'.
+    minicomp's own frames (the entry that calls the model) are not the user's; where nothing else
+    is left (an op inside a torch.nn module compiled directly: Dynamo keeps no frames of torch's
+    own code), the module it came from, from Dynamo's module stack."""
+    found = _user_frame(fx_node.meta.get("stack_trace") or "")
+    if found is not None:
+        return found
     stack = fx_node.meta.get("nn_module_stack") or {}
     if stack:
         path, cls = list(stack.values())[-1]
@@ -83,17 +92,32 @@ def _is_multi(typ) -> bool:
     return isinstance(typ, tuple) and not isinstance(typ, TensorType)
 
 
+def _leaves(x) -> list:
+    """What nested lists, tuples and dicts (an op's arguments and results) hold: pytree's general
+    walk, asked twice for every op, was a third of lowering a model."""
+    out, stack = [], [x]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (list, tuple)):
+            stack.extend(reversed(x))
+        elif isinstance(x, dict):
+            stack.extend(reversed(list(x.values())))
+        else:
+            out.append(x)
+    return out
+
+
 def _unbacked(val) -> list:
     """The data-dependent sizes in a result (an unbacked SymInt from nonzero() or .item(): no hint,
     no range to decide on); backed symbolic sizes are fine."""
-    tensors = [v for v in pytree.tree_leaves(val) if isinstance(v, torch.Tensor)]
+    tensors = [v for v in _leaves(val) if isinstance(v, torch.Tensor)]
     return sorted({str(s) for t in tensors for s in t.shape if isinstance(s, torch.SymInt)
                    and any(f.name.startswith("u") for f in s.node.expr.free_symbols)})
 
 
 def _complex(val, args, kwargs) -> bool:
     """The lowerings treat every dtype as real; complex operands or results keep the op in torch."""
-    leaves = pytree.tree_leaves((val, args, kwargs))
+    leaves = _leaves((val, args, kwargs))
     return any((isinstance(v, torch.Tensor) and v.is_complex()) or isinstance(v, complex)
                or (isinstance(v, Node) and isinstance(v.type, TensorType) and v.type.dtype in ("c64", "c128"))
                for v in leaves)
