@@ -4,7 +4,7 @@ A kernel whose one store writes a load of another buffer (a transpose, a permute
 or a constant (a zero fill before an index_put), at indexes that are plain sums of its loop
 variables, is a strided copy: `dst.as_strided(...).copy_(src.as_strided(...))` does it without
 machine code of our own. Two reasons to hand it to torch when it is big (COPY_MIN_BYTES or more):
-- LLVM spends 4-8 ms on each such kernel body, even the smallest (HF BERT's training step had five
+- LLVM spends 2-8 ms on each such kernel body, even the smallest (HF BERT's training step had five
   transposes and three fills among 33 bodies);
 - torch's copy walks a transposed tensor in tiles, our loop nest along the output's rows: swapping
   the last two dimensions of 48x128x64 floats took 340 us in our kernel, 74 us in copy_ (a head
