@@ -15,9 +15,6 @@ refused it) compiles in process instead, with a log line, and a fresh worker tak
 one's place (after MAX_FAILURES in a process, none does); a process forked after they started (a
 DataLoader's) starts workers of its own. Compiles from several threads at once share them: a
 module that finds no idle worker compiles in process.
-
-The threads that wait on workers, compile in process and finish a JitModule are runner threads
-(`run_soon`), started with the workers, so a compile never waits for a thread to start.
 """
 from __future__ import annotations
 
@@ -25,7 +22,6 @@ import atexit
 import logging
 import os
 import pickle
-import queue
 import select
 import subprocess
 import sys
@@ -43,9 +39,7 @@ ANSWER_S = 600.0  # nor one that has not answered a module by then: killed, the 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llvm_worker.py")
 log = logging.getLogger("minicomp")
 _lock = threading.Lock()
-_state: dict = {"idle": [], "all": [], "failures": 0, "inflight": set(), "runners_idle": 0,
-                "runners_started": False, "queue": queue.SimpleQueue()}
-RUNNERS = 3  # runner threads started ahead: a graph's modules, and its JitModule finishing
+_state: dict = {"idle": [], "all": [], "failures": 0}
 
 
 class Refused(RuntimeError):
@@ -141,24 +135,15 @@ def _forget_after_fork() -> None:
                     f.close()
                 except OSError:
                     pass
-    for done in _state["inflight"]:  # their threads stayed in the parent
-        if done._held.locked():
-            done._held.release()
-    _state.update(idle=[], all=[], failures=0, inflight=set(), runners_idle=0, runners_started=False,
-                  queue=queue.SimpleQueue())
+    _state.update(idle=[], all=[], failures=0)
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def prestart() -> None:
-    """Start the workers now (if they are not running), so they are ready when the modules are, and
-    the runner threads (run_soon)."""
+    """Start the workers now (if they are not running), so they are ready when the modules are."""
     want = workers()
-    with _lock:
-        runners, _state["runners_started"] = (0 if _state["runners_started"] else RUNNERS), True
-    for _ in range(runners):
-        _start_runner()
     with _lock:
         for w in [w for w in _state["idle"] if not w.alive()]:  # killed meanwhile (by a signal): replaced,
             _state["idle"].remove(w)                           # not counted as a failure of ours
@@ -201,80 +186,21 @@ def _give_back(w: _Worker, ok: bool) -> None:
     w.close()
 
 
-class Done:
-    """Set when a job run on one of our threads has ended; `wait()` returns then. In a child forked
-    meanwhile it is set at once (the thread stayed in the parent): the waiter finds no result and
-    does the work itself. A plain lock, held until then: a lock's state is all a fork copies."""
-
-    def __init__(self):
-        self._held = threading.Lock()
-        self._held.acquire()
-        with _lock:
-            _state["inflight"].add(self)
-
-    def set(self) -> None:
-        self._held.release()
-        with _lock:
-            _state["inflight"].discard(self)
-
-    def wait(self) -> None:
-        self._held.acquire()
-        self._held.release()
-
-
-def run_soon(fn) -> Done:
-    """Run `fn()` on a thread of ours while the caller goes on: an idle runner (started ahead, by
-    prestart) or a new one. Thread.start() waits until the new thread runs, and with LLVM on every
-    core that took about 2 ms a start (HF BERT's training step started six: 12.5 ms); handing work
-    to an idle runner waits for nothing. A job never waits in a queue behind a busy runner (jobs
-    wait on each other: a module finishing waits on its compiles)."""
-    done = Done()
-
-    def job():
-        try:
-            fn()
-        except BaseException:  # noqa: BLE001 -- the job's own waiter sees what it left undone
-            log.exception("minicomp: a background job failed")
-        finally:
-            done.set()
-    with _lock:
-        if _state["runners_idle"]:
-            _state["runners_idle"] -= 1
-            _state["queue"].put(job)
-            return done
-    _start_runner(job)
-    return done
-
-
-def _start_runner(first=None) -> None:
-    q = _state["queue"]
-
-    def serve(job):
-        while True:
-            if job is not None:
-                job()
-            with _lock:
-                if q is not _state["queue"]:  # (a fork's child: never, its runners are the parent's)
-                    return
-                _state["runners_idle"] += 1
-            job = q.get()
-    threading.Thread(target=serve, args=(first,), daemon=True, name="minicomp-runner").start()
-
-
 class Job:
-    """One module compiling on a runner thread while the caller goes on: `compile(*args)` gives its
-    object code, or None when it failed (the caller then compiles the module itself, where LLVM's
-    error reaches the user). `remote`: the thread waits on a worker process (`submit`); else the
-    module compiles in this process (runtime/llvm_jit.py). `result()` waits for it: None also when
-    the thread never ran to its end (this is a child forked meanwhile, the thread left in the parent)."""
+    """One module compiling on a thread while the caller goes on: `compile(*args)` gives its object
+    code, or None when it failed (the caller then compiles the module itself, where LLVM's error
+    reaches the user). `remote`: the thread waits on a worker process (`submit`); else the module
+    compiles in this process (runtime/llvm_jit.py). `result()` waits for it: None also when the
+    thread never ran to its end (this is a child forked meanwhile, the thread left in the parent)."""
 
     def __init__(self, compile, *args, remote: bool = False):
         self.remote = remote
         self._out: list = []
-        self._done = run_soon(lambda: self._out.append(compile(*args)))
+        self._thread = threading.Thread(target=lambda: self._out.append(compile(*args)), daemon=True)
+        self._thread.start()
 
     def result(self):
-        self._done.wait()
+        self._thread.join()
         return self._out[0] if self._out else None
 
 

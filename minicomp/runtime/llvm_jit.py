@@ -128,11 +128,12 @@ class JitModule:
         self._lock = threading.Lock()
         self._todo = (texts, keys, missing, jobs, t0) if missing else None
         self._error: BaseException | None = None
-        self._background = None  # a jit_pool.Done while a runner thread finishes it
+        self._thread = None
         if self._todo is None:
             self.seconds = time.perf_counter() - t0
         elif not wait:
-            self._background = jit_pool.run_soon(lambda: self._finish(True))
+            self._thread = threading.Thread(target=self._finish, args=(True,), daemon=True, name="minicomp-jit")
+            self._thread.start()
         else:
             self.wait()
 
@@ -158,11 +159,11 @@ class JitModule:
         if self._todo is None and self._error is None:
             return
         t0 = time.perf_counter()
-        background = self._background
-        if background is not None:
-            background.wait()  # (in a child forked meanwhile, at once: the thread stayed in the parent)
+        thread = self._thread
+        if thread is not None:
+            thread.join()  # (in a child forked meanwhile, at once: the thread stayed in the parent)
         with self._lock:
-            self._background = None
+            self._thread = None
             if self._error is not None:
                 error, self._error = self._error, None
                 raise error
