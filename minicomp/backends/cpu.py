@@ -74,17 +74,17 @@ def build(graph, ctx):
         jobs[i] = llvm_jit.start_compile(text)
     if key not in ctx.artifacts:  # a Built graph (capture.py) carries its modules from the first compile
         ks = [n.meta["kernel"] for n in knodes]
-        copies = {} if sized else {i: c for i, c in enumerate(map(strided_copy, ks)) if c is not None}
+        # kernels run as torch's copy_ (copies.py), by name
+        copies = {} if sized else {k.name: c for k, c in zip(ks, map(strided_copy, ks)) if c is not None}
         # no graph name in the modules: stable cache keys
-        rest = [k for i, k in enumerate(ks) if i not in copies]
+        rest = [k for k in ks if k.name not in copies]
         texts, compiled = llvm_module.generate_modules(rest, parts, whole=lambda k: mode(k) == "whole", sized=sized,
                                                        min_bodies=jit_pool.MIN_BODIES_PER_MODULE,
                                                        on_text=early) if rest else ([], [])
         compiled = iter(compiled)
-        ctx.artifacts[key] = texts, [k if i in copies else next(compiled) for i, k in enumerate(ks)], copies
+        ctx.artifacts[key] = texts, [k if k.name in copies else next(compiled) for k in ks], copies
         phases["llvm_ir"] = _ms(time.perf_counter() - t0)
     texts, kernels, copies = ctx.artifacts[key]
-    by_name = {kernels[i].name: c for i, c in copies.items()}  # run as torch's copy_ (copies.py)
     text = "\n".join(texts)
     ctx.dump.stage("kernels", lambda: "\n".join(kernel_text(k) for k in kernels), level=3)
     ctx.dump.stage("llvm", text if len(texts) == 1 else "".join(  # each module's text whole, after its own header
@@ -97,8 +97,8 @@ def build(graph, ctx):
     codegen_s = time.perf_counter() - t0
 
     def launch(k, slots):
-        if k.name in by_name:
-            return TensorCopy(slots, by_name[k.name])
+        if k.name in copies:
+            return TensorCopy(slots, copies[k.name])
         return KernelLaunch(jit.address(k.name), slots, outer_extent(k), k.name, mode(k), tuple(check_sites(k)))
 
     def bind(steps):  # the program's first call
@@ -114,8 +114,8 @@ def build(graph, ctx):
         if jit is not None:
             phases["llvm_jit"] = _ms(jit.seconds)
     else:
-        program, detail = assemble(graph, ctx, kernels, lambda k, slots: _Unbound(k, slots) if jit and k.name not in
-                                   by_name else launch(k, slots), jit)
+        program, detail = assemble(graph, ctx, kernels, lambda k, slots: launch(k, slots) if jit is None or
+                                   k.name in copies else _Unbound(k, slots), jit)
         if jit is not None:
             program.bind = bind
     phases["assemble"] = _ms(time.perf_counter() - t2)
