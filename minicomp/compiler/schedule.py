@@ -98,7 +98,9 @@ class Scheduler:
         except NotFusable as e:
             step.builder.reset(mark)
             self.refusals[(node, step.builder.name)] = e.reason
-            self.last_error = e
+            # without its traceback: the frames it holds hold this scheduler, a cycle that made every
+            # schedule (its kernels, expressions and nodes) garbage only the cycle collector frees
+            self.last_error = e.with_traceback(None)
             return False
         step.roots.append(node)
         self.producer[node] = step_i
@@ -111,7 +113,8 @@ class Scheduler:
         self.steps.append(KernelStep(KernelBuilder(name, shape, dims, self.has_buffer, self.order)))
         if not self._try(len(self.steps) - 1, node, add):
             self.steps.pop()
-            raise self.last_error  # names the value to materialize
+            e = self.last_error  # raised as a copy: the one kept would get this frame's traceback
+            raise NotFusable(e.node, e.reason, e.materialize)  # names the value to materialize
 
     def _candidates(self, node: Node, deps=None):
         """Kernel steps after every step `node` depends on (`deps`, found if not given), most recent first."""
@@ -205,6 +208,9 @@ class Scheduler:
                 self.producer[node] = len(self.steps) - 1
             elif OPS[node.op].category == "reduction" or node in self.M:
                 self.place(node)
+        for step in self.steps:  # done adding: a builder keeping this scheduler would make a cycle of both
+            if isinstance(step, KernelStep):
+                step.builder.has_buffer = None
         return Schedule(self.steps, self.M, self.refusals, self.why)
 
 
