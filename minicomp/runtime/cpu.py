@@ -127,9 +127,9 @@ class KernelLaunch:
         self.prefilled = frozenset()  # table entries written once (fixed pointers), not at each call
         self.run = self.par = None
         if mode == "whole":
-            self.run = runtime(False).run
+            self.run = runtime().run
         elif mode == "openmp":
-            self.par = runtime(True).par
+            self.par = runtime().par
         else:
             bounds = [extent * i // self.threads for i in range(self.threads + 1)]
             self.chunks = [(bounds[i], bounds[i + 1]) for i in range(self.threads)]
@@ -308,10 +308,12 @@ class _Runtime:
         self.par = _PAR_T(self.jit.address("minicomp_par")) if omp else None
 
 
-def runtime(omp: bool) -> _Runtime:
+def runtime() -> _Runtime:
     """The runtime's machine code, built once, whichever thread asks first (warm_up's, a program's
-    first call); `omp`: with minicomp_par, whose GOMP_parallel openmp() found (and registered)."""
-    key = ("runtime", bool(omp and openmp()))
+    first call): one module for every launch, with minicomp_par where openmp() found (and
+    registered) torch's GOMP_parallel. (A module per kind of launch made the first program with a
+    kernel run whole build a second one on its first call: 12 ms.)"""
+    key = ("runtime", openmp())
     rt = _state.get(key)
     if rt is None:
         with _plan_lock:
@@ -329,7 +331,7 @@ def warm_up() -> None:
         if _state.get("warming"):
             return
         _state["warming"] = True
-    threading.Thread(target=lambda: runtime(True), daemon=True, name="minicomp-warm-up").start()
+    threading.Thread(target=runtime, daemon=True, name="minicomp-warm-up").start()
 
 
 def _after_fork_in_child() -> None:
@@ -367,7 +369,7 @@ class PlanRun:
                      len(pairs) // 2, *pairs]
         self.plan = (ctypes.c_int64 * len(plan))(*plan)
         self.pointers = (ctypes.c_void_p * max(1, len(dynamic)))()
-        self.run = runtime(False).plan
+        self.run = runtime().plan
         self.args = (ctypes.addressof(self.plan), ctypes.addressof(self.pointers))
         self.launches = launches  # their tables and flag words live as long as the plan
 

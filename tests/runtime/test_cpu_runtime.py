@@ -162,7 +162,7 @@ def test_split_kernels_run_on_torchs_openmp_threads(launches, threads, monkeypat
     libs = [ctypes.CDLL(p, mode=os.RTLD_NOLOAD) for p in cpu._loaded_libraries()]
     torch_gomp = {ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value for lib in libs if hasattr(lib, "GOMP_parallel")}
     assert llvm.address_of_symbol("GOMP_parallel") in torch_gomp
-    assert launches[0].par is cpu.runtime(True).par  # the runtime's minicomp_par, shared by every kernel
+    assert launches[0].par is cpu.runtime().par  # the runtime's minicomp_par, shared by every kernel
     assert re.search(r"call void @GOMP_parallel\(ptr @minicomp_omp", cpu._OMP_IR)
     text, _ = generate_module([_kernels("""
         graph t(%x: f32[512,1024]) -> (f32[512,1024]) {

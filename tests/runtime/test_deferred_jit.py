@@ -119,9 +119,12 @@ def test_warm_up_builds_the_runtime_once_while_the_caller_goes_on(fresh, monkeyp
     monkeypatch.setattr(cpu, "JitModule", counting)
     cpu.warm_up()
     cpu.warm_up()  # a second compile's prepare: nothing more starts
-    runtime = cpu.runtime(True)  # waits for the thread's build, or builds it first and the thread finds it
-    assert runtime is cpu.runtime(True) and len(built) == 1
+    runtime = cpu.runtime()  # waits for the thread's build, or builds it first and the thread finds it
+    assert runtime is cpu.runtime() and len(built) == 1
     assert runtime.par is not None and cpu.openmp()
+    # a kernel run whole takes the same module's entry: a program's first call builds nothing more
+    whole, team = cpu.KernelLaunch(0, [], 1, "k0", "whole"), cpu.KernelLaunch(0, [], 8, "k1", "openmp")
+    assert whole.run is runtime.run and team.par is runtime.par and len(built) == 1
 
 
 def test_first_calls_from_several_threads_bind_once_and_all_get_the_right_result(fresh, monkeypatch):
