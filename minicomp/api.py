@@ -203,11 +203,11 @@ class CompiledModule:
                         f"{describe(args, kwargs)} and later new signatures run eagerly (raise max_programs, "
                         "or keep shapes and dtypes fixed)")
         else:
-            log.debug("minicomp: max_programs reached; %s runs eagerly", describe(args, kwargs))
+            log.debug("max_programs reached; %s runs eagerly", describe(args, kwargs))
 
     def _eager(self, msg: str):
         if msg not in self._report.eager:  # once per compiled callable, not once per program
-            log.warning("minicomp: %s", msg)
+            log.warning("%s", msg)
             self._report.eager.append(msg)
 
     def _compile_new(self, key, args, kwargs):
@@ -222,7 +222,7 @@ class CompiledModule:
             return self._compile_and_run(key, args, kwargs, dims)
         except MinicompError as e:
             self._no_symbolic = f"its sizes varied, but no program over varying sizes: {str(e).splitlines()[0]}"
-            log.warning("minicomp: %s; each size gets a static program", self._no_symbolic)
+            log.warning("%s; each size gets a static program", self._no_symbolic)
             return self._compile_and_run(key, args, kwargs, note=self._no_symbolic)
 
     def _compile_and_run(self, key, args, kwargs, dims=frozenset(), note: str = ""):

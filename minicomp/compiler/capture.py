@@ -155,7 +155,7 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
     if devices - {"cpu", "cuda"}:  # meta, mps, xpu...: torch runs them as eager would
         msg = (f"{kind} graph on {', '.join(sorted(devices - {'cpu', 'cuda'}))} tensors: minicomp compiles CPU "
                "and CUDA tensors; it runs in torch")
-        log.warning("minicomp: %s", msg)
+        log.warning("%s", msg)
         report.eager.append(msg)
         return make_boxed_func(gm)
     t0 = time.perf_counter()
@@ -219,7 +219,7 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
                     ctx.phases_ms)
     report.graphs.append(g)
     ctx.dump.summary(f"{g}; phases: {g.phases()}")
-    log.info("minicomp: %s", g)
+    log.info("%s", g)
 
     program = run
     run = _with_sizes(run, tensor_positions(gm), len(example_inputs), graph, size_outputs, size_positions(gm))
@@ -275,7 +275,7 @@ def _outside_sizes_in_torch(run, gm, report: Report, name: str):
             if not said:
                 said.append(f"{name}: calls with sizes outside its program's guards ({'; '.join(e.failed)}: "
                             f"{e.values}) run the graph in torch")
-                log.warning("minicomp: %s", said[0])
+                log.warning("%s", said[0])
                 report.eager.append(said[0])
             return gm(*args)
     return call

@@ -62,4 +62,4 @@ class Progress:
     def __call__(self, what: str) -> None:
         elapsed = time.perf_counter() - self.t0
         if elapsed >= PROGRESS_AFTER_S:
-            log.info("minicomp: compiling %s: %s (%.1f s so far)", self.name, what, elapsed)
+            log.info("compiling %s: %s (%.1f s so far)", self.name, what, elapsed)

@@ -310,7 +310,7 @@ class Lowerer:
             del b.nodes[mark:]
             if self.strict:
                 raise
-            log.warning("minicomp: internal: lowering of %s failed (%s: %s); running it as extern",
+            log.warning("internal: lowering of %s failed (%s: %s); running it as extern",
                         node.target, type(e).__name__, e)
             return self._extern(node, args, kwargs, val, f"internal: {type(e).__name__}: {e}")
 
@@ -327,10 +327,10 @@ class Lowerer:
         if ok:
             return
         if _same_at_hints(got, want):  # e.g. (s//2) against s - s//2, equal under a guard of torch's trace
-            log.info("minicomp: %s gives %s where torch's trace says %s: equal at this call's sizes, not provably "
+            log.info("%s gives %s where torch's trace says %s: equal at this call's sizes, not provably "
                      "equal for every size; it runs in torch", node.target, got, want)
             raise Unsupported(f"size {got} not provably torch's {want}")
-        log.warning("minicomp: internal: lowering of %s produced %s, expected %s; running it as extern",
+        log.warning("internal: lowering of %s produced %s, expected %s; running it as extern",
                     node.target, got, want)
         raise Unsupported(f"lowering produced {got}, expected {want}")
 

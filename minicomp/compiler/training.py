@@ -202,7 +202,7 @@ def _static_nodes(joint: fx.GraphModule, indices):
 
 def _default(joint, joint_inputs, num_fwd_outputs, static_indices, report: Report, why: str):
     msg = f"training graph partitioned by AOTAutograd's default (every forward value the backward uses is saved): {why}"
-    log.warning("minicomp: %s", msg)
+    log.warning("%s", msg)
     if msg not in report.eager:
         report.eager.append(msg)
     return partitioners.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,

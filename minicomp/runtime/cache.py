@@ -71,7 +71,7 @@ def put(kind: str, k: str, data: bytes) -> None:
     except OSError as e:  # a read-only or full disk costs a recompile next time, nothing else
         if not _warned:
             _warned.append(True)
-            log.warning("minicomp: cannot write the compile cache in %s (%s): compiled code will not be reused "
+            log.warning("cannot write the compile cache in %s (%s): compiled code will not be reused "
                         "across processes", cache_dir(), e.strerror or e)
         return
     _account(len(data) + 32)

@@ -155,7 +155,7 @@ def prestart() -> None:
             try:
                 w = _Worker()
             except Exception as e:  # no interpreter to run (sys.executable empty), no processes allowed
-                log.info("minicomp: compile workers unavailable (%s); LLVM runs in this process", e)
+                log.info("compile workers unavailable (%s); LLVM runs in this process", e)
                 _state["all"].append(None)  # counted, so we do not retry at every compile
                 continue
             _state["all"].append(w)
@@ -181,7 +181,7 @@ def _give_back(w: _Worker, ok: bool) -> None:
         _state["all"].remove(w)
         _state["failures"] += 1
         if _state["failures"] == MAX_FAILURES:
-            log.warning("minicomp: %d compile workers failed in this process; no new ones start, modules "
+            log.warning("%d compile workers failed in this process; no new ones start, modules "
                         "compile in this process (MINICOMP_COMPILE_WORKERS=0 says so from the start)", MAX_FAILURES)
     w.close()
 
@@ -213,7 +213,7 @@ def _on_worker(worker: _Worker, cpu: str, features: str, ir_text: str):
     except Refused:  # compiling it here raises LLVM's error where the user sees it
         _give_back(worker, True)
     except Exception as e:
-        log.info("minicomp: a compile worker failed (%s); compiling that module in this process", e)
+        log.info("a compile worker failed (%s); compiling that module in this process", e)
         _give_back(worker, False)
     return None
 

@@ -438,6 +438,8 @@ def test_compiles_log_to_the_minicomp_logger_with_progress_when_long(caplog, mon
     messages = [r.getMessage() for r in caplog.records if r.name == "minicomp"]
     assert any("compiling inference_" in m and "lowered to" in m for m in messages), messages
     assert any("passes done" in m for m in messages) and any("[inference, interpret]" in m for m in messages)
+    # the record's logger name says minicomp: the message does not say it again ("minicomp:minicomp:")
+    assert not any(m.startswith("minicomp") for m in messages), messages
 
 
 def test_compiling_and_calling_adds_nothing_to_the_users_module():
