@@ -52,6 +52,7 @@ class Scheduler:
     def __init__(self, graph: Graph, materialized: set, why: dict, kernel_ops):
         self.graph, self.M, self.why, self.kernel_ops = graph, materialized, why, kernel_ops
         self.steps: list = []
+        self.kernels = 0              # kernel steps so far (the next one's number)
         self.producer: dict = {}      # node -> step index that computes it
         self.red_step: dict = {}      # reduction node -> step index
         self.refusals: dict = {}
@@ -109,12 +110,12 @@ class Scheduler:
         return True
 
     def _new_kernel(self, node: Node, shape, dims, add):
-        name = f"k{sum(isinstance(s, KernelStep) for s in self.steps)}"
-        self.steps.append(KernelStep(KernelBuilder(name, shape, dims, self.has_buffer, self.order)))
+        self.steps.append(KernelStep(KernelBuilder(f"k{self.kernels}", shape, dims, self.has_buffer, self.order)))
         if not self._try(len(self.steps) - 1, node, add):
             self.steps.pop()
             e = self.last_error  # raised as a copy: the one kept would get this frame's traceback
             raise NotFusable(e.node, e.reason, e.materialize)  # names the value to materialize
+        self.kernels += 1
 
     def _candidates(self, node: Node, deps=None):
         """Kernel steps after every step `node` depends on (`deps`, found if not given), most recent first."""
