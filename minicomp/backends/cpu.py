@@ -71,7 +71,10 @@ def build(graph, ctx):
     jobs: dict = {}  # modules that start compiling (a worker, a thread) while the next is generated
 
     def early(i, text):
-        jobs[i] = llvm_jit.start_compile(text)
+        # module 0, generated last, compiles on the thread JitModule starts just after: a thread of
+        # its own cost a second start, which waits 0.1-4 ms for a core while the others compile
+        if i:
+            jobs[i] = llvm_jit.start_compile(text)
     if key not in ctx.artifacts:  # a Built graph (capture.py) carries its modules from the first compile
         ks = [n.meta["kernel"] for n in knodes]
         # kernels run as torch's copy_ (copies.py), by name
