@@ -313,13 +313,12 @@ def runtime() -> _Runtime:
     first call): one module for every launch, with minicomp_par where openmp() found (and
     registered) torch's GOMP_parallel. (A module per kind of launch made the first program with a
     kernel run whole build a second one on its first call: 12 ms.)"""
-    key = ("runtime", openmp())
-    rt = _state.get(key)
+    rt = _state.get("runtime")
     if rt is None:
         with _plan_lock:
-            rt = _state.get(key)
+            rt = _state.get("runtime")
             if rt is None:
-                rt = _state[key] = _Runtime(key[1])
+                rt = _state["runtime"] = _Runtime(openmp())
     return rt
 
 
@@ -339,7 +338,7 @@ def _after_fork_in_child() -> None:
     thread to release it: the child builds its own."""
     global _plan_lock
     _plan_lock = threading.Lock()
-    if not any(k in _state for k in (("runtime", False), ("runtime", True))):
+    if "runtime" not in _state:
         _state.pop("warming", None)
 
 
