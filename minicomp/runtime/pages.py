@@ -8,6 +8,17 @@ is "madvise"): the same fill then takes 3.5 ms. minicomp asks for the outputs it
 for its arenas, before anything touches them. It is advice: where the kernel has no huge pages to
 give, or is not Linux, nothing changes. The memory is torch's own allocation (freed, resized and
 shared as any tensor's); only the 2 MiB-aligned part of it is advised.
+
+Where that loses: a virtual machine that hands freed memory back to its host (free-page reporting,
+as the CI-class machine does for free blocks of 8 MiB and up) gives out huge pages the host has
+discarded, and their first touch faults on the host too. There a fresh 32 MiB buffer filled in
+2.3 ms in five processes of six and in 37 ms in the sixth (each of its 20 fills alike), against
+6 ms on 4 KiB pages every time, whose small blocks the guest keeps; the first calls of HF BERT's
+training step took 15-20 ms longer with the advice (arenas and first outputs, touched once). The
+advice stays: where the host keeps the memory (bare metal; most processes here) it wins as above,
+and the steady state does not depend on it (recycled outputs and arenas are faulted in once, and
+kernels over them ran alike on either page size). A fresh-output figure in the benchmark can move
+5x between runs for this reason (softmax: 3.5 or 17 ms).
 """
 from __future__ import annotations
 
