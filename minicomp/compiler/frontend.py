@@ -24,6 +24,7 @@ from ..ir.types import dim
 # the lower_* modules fill the lowering table when imported
 from . import lower_index, lower_nn, lower_pointwise, lower_pool, lower_reduce, lower_view  # noqa: F401
 from .lowering import LOWERINGS, Builder, Unsupported
+from .input_views import view_bases
 from .output_layout import in_eager_layout
 
 log = logging.getLogger("minicomp")
@@ -200,7 +201,9 @@ class Lowerer:
                 outputs = [None if isinstance(o, sized) else self._fresh(fx_out, self._output(o))
                            for fx_out, o in zip(node.args[0], values)]
                 self._distinct(node.args[0], outputs)
-                for i in range(len(outputs) if self.layout_outputs is None else self.layout_outputs):
+                laid = range(len(outputs)) if self.layout_outputs is None else \
+                    sorted(set(range(self.layout_outputs)) | view_bases(self.gm, self.layout_outputs))
+                for i in laid:
                     if outputs[i] is not None and isinstance(node.args[0][i], fx.Node):
                         self.b.meta = {"source": source_line(node.args[0][i]), "fx": node.args[0][i].name}
                         outputs[i] = in_eager_layout(self.b, node.args[0][i], outputs[i])

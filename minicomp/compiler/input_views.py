@@ -108,6 +108,24 @@ def input_views(gm: fx.GraphModule, limit=None) -> list:
     return found
 
 
+def view_bases(gm: fx.GraphModule, limit=None) -> set:
+    """Positions of the outputs that one of the first `limit` outputs (None: all) is a view of: the
+    view is made from the tensor the program returns there, so that tensor needs eager's layout
+    (output_layout.py) even where the rest of its kind does not (a training forward's saved value:
+    attention's output, which eager lays out as (B, T, H, D), viewed by the user's
+    out.transpose(1, 2).view(B, T, C))."""
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(out_node.args[0])
+    bases = set()
+    for i, o in enumerate(outs[:limit]):
+        if isinstance(o, fx.Node) and _is_view(o):
+            root = _root(o)
+            base = next((k for k, r in enumerate(outs) if r is root and k != i), None)
+            if base is not None and _ancestors(o, leaf=root) is not None:
+                bases.add(base)
+    return bases
+
+
 def with_input_views(run, gm: fx.GraphModule, limit=None, hidden: int = 0):
     """`run` (the compiled graph's call, Dynamo's convention), with each output that is a view of an
     input or of another output replaced by that view of the caller's tensor or of that output, and

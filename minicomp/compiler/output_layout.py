@@ -12,8 +12,10 @@ strides that are dense in the order `order` (outermost dim first), as
 The copy is a buffer the kernel computing v writes along its rows (reading a channels-last input
 along its rows too); the scheduler (schedule.required_buffers) hands the outer permute out as a
 view of that buffer rather than writing it again. Outputs with strides that are not a dense
-permutation (a slice's, an expand's), symbolic strides, and values that are inputs or constants
-keep the contiguous result of before.
+permutation (a slice's, an expand's) and values that are inputs or constants keep the contiguous
+result of before. Symbolic strides count when they are dense as expressions, in the order their
+hints give. A training forward's saved values keep the layout the backward reads, except one that
+an output of the user's is a view of (input_views.view_bases).
 """
 from __future__ import annotations
 
@@ -34,20 +36,42 @@ def laid_out(kind: str, gm) -> int | None:
 
 def dense_order(shape, stride):
     """The dims from outermost to innermost when `stride` is dense (no gaps, no overlaps) in an
-    order other than row-major; None when it is row-major, not dense, empty or symbolic. Size-1
-    dims go first: their stride means nothing."""
-    if len(shape) < 2 or not all(type(s) is int for s in (*shape, *stride)) or 0 in shape:
+    order other than row-major; None when it is row-major, not dense or empty. Size-1 dims go first:
+    their stride means nothing. Symbolic sizes and strides (SymInts) are ordered by their hints and
+    must be dense as expressions (eager's attention output, (B, T, H, D) in memory for every T)."""
+    if len(shape) < 2:
         return None
-    ones = [d for d in range(len(shape)) if shape[d] == 1]
-    big = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: (-stride[d], d))
+    hints = [_hint(v) for v in (*shape, *stride)]
+    if None in hints or 0 in hints[:len(shape)]:
+        return None
+    size, step = hints[:len(shape)], hints[len(shape):]
+    ones = [d for d in range(len(shape)) if size[d] == 1]
+    big = sorted((d for d in range(len(shape)) if size[d] != 1), key=lambda d: (-step[d], d))
     if big == sorted(big):
         return None  # row-major (up to size-1 dims)
     expect = 1
     for d in reversed(big):
-        if stride[d] != expect:
+        if not _same(stride[d], expect):
             return None
-        expect *= shape[d]
+        expect = expect * _expr(shape[d])
     return tuple(ones + big)
+
+
+def _hint(v):
+    """An int, or a SymInt's value at the sizes being compiled (None: it has none)."""
+    return v if type(v) is int else getattr(getattr(v, "node", None), "hint", None)
+
+
+def _expr(v):
+    return v if type(v) is int else v.node.expr
+
+
+def _same(a, b) -> bool:
+    """Whether size expressions a and b are equal for every value of their symbols (no guard)."""
+    import sympy
+    if type(a) is int and type(b) is int:
+        return a == b
+    return sympy.simplify(sympy.sympify(_expr(a)) - sympy.sympify(b)) == 0
 
 
 def is_layout_view(node: Node) -> bool:

@@ -3,6 +3,8 @@ permutation (a pointwise op on a channels-last or transposed input, a transposed
 by the kernel that computes the value, with no extra kernel (compiler/output_layout.py)."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -56,6 +58,37 @@ def test_output_strides_match_eager(case, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["channels_last_pointwise", "transposed_input", "transposed_result",
+                                  "permuted_result", "several_outputs"])
+def test_output_strides_match_eager_over_symbolic_sizes(case, backend):
+    """The same over symbolic sizes: eager's strides are expressions in the sizes (dense in one
+    order for every size), and each call's outputs take them."""
+    fn, make = CASES[case]
+    compiled = minicomp.compile(fn, backend=backend, dynamic=True)
+    base = make()
+    for grow in (0, 3, 5):  # the first dimension grows; each call checks eager's strides at its size
+        x = torch.randn(base.shape[0] + grow, *base.shape[1:]).as_strided(
+            (base.shape[0] + grow, *base.shape[1:]), _scaled_strides(base, grow))
+        got, want = compiled(x), fn(x)
+        got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+            assert g.stride() == w.stride(), f"{case} at {tuple(x.shape)}: strides {g.stride()}, eager {w.stride()}"
+    assert any(r.detail.get("symbolic") for r in compiled.report().graphs)
+
+
+def _scaled_strides(base, grow):
+    """base's layout (a dense permutation) for a tensor whose first dimension is `grow` longer."""
+    shape = (base.shape[0] + grow, *base.shape[1:])
+    order = sorted(range(base.dim()), key=lambda d: -base.stride(d))
+    strides, step = [0] * base.dim(), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= shape[d]
+    return tuple(strides)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_training_forward_returns_eager_layout_and_gradients_match(backend):
     torch.manual_seed(0)
     lin = nn.Linear(8, 16)
@@ -102,3 +135,40 @@ def test_a_contiguous_output_that_a_torch_op_also_reads_is_contiguous(backend, g
         torch.testing.assert_close(g, w)
         assert g.stride() == w.stride()
     assert got[1].view(2, -1).shape == want[1].view(2, -1).shape
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_training_output_viewing_a_saved_attention_output(backend, dynamic):
+    """attention(q, k, v).transpose(1, 2).view(B, T, C) in training: eager's attention output is
+    laid out (B, T, H, D), so the user's output is a view of it, and the backward saves it. The
+    view is made from the tensor the forward returns for the saved value (input_views.py): that
+    value comes back in eager's layout too, or .view() raised (a plain nn.Module, found by a probe)."""
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(32, 96)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = self.qkv(x).view(B, T, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).view(B, T, C)
+    eager = Attention()
+    model = copy.deepcopy(eager)
+    compiled = minicomp.compile(model, backend=backend, dynamic=dynamic)
+    for T in (6, 9) if dynamic else (6,):
+        x = torch.randn(2, T, 32, requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        got, want = compiled(x), eager(xe)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+        g = torch.randn_like(want)
+        got.backward(g)
+        want.backward(g)
+        torch.testing.assert_close(x.grad, xe.grad)
+        for p, pe in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, pe.grad)
+            p.grad = pe.grad = None
