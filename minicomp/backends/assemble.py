@@ -12,7 +12,7 @@ import torch
 
 from ..errors import MinicompError
 from ..ir import DTYPES, OPS, TensorType, sym_values
-from ..ir.ops import Ref, resolve_target
+from ..ir.ops import OpArg, Ref, resolve_target
 from ..ir.kernel import describe
 from ..ir.types import itemsize
 from ..report import KernelReport, StepReport
@@ -127,7 +127,7 @@ def _direct_extern(attrs, operands: int):
     args, kwargs = list(attrs["args"]), dict(attrs.get("kwargs", {}))
 
     def static(x):
-        if isinstance(x, Ref):
+        if isinstance(x, (Ref, OpArg)):  # an operator argument is resolved at each call (ir/ops.py)
             return False
         if isinstance(x, (list, tuple)):
             return all(static(y) for y in x)

@@ -19,7 +19,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import MinicompError, UnsupportedOpError
-from ..ir import Graph, Node, Ref, TensorType, dtype_name, sym, sym_read, sym_values
+from ..ir import Graph, Node, OpArg, Ref, TensorType, dtype_name, sym, sym_read, sym_values
 from ..ir.types import dim
 # the lower_* modules fill the lowering table when imported
 from . import lower_index, lower_nn, lower_pointwise, lower_pool, lower_reduce, lower_view  # noqa: F401
@@ -143,6 +143,14 @@ def _type_of(val):
     return None
 
 
+def _target_name(op) -> str:
+    """How ir.ops.resolve_target finds `op` under torch.ops: "aten.cumsum.default", and a
+    higher-order op under its namespace ("higher_order.with_effects")."""
+    if isinstance(op, torch._ops.HigherOrderOperator):
+        return f"{op.namespace}.{op.name()}"
+    return str(op)
+
+
 def _extern_value(v, refs: list):
     """Turn one fx argument into an extern attribute value; tensor operands become Ref slots."""
     if isinstance(v, Node):
@@ -155,6 +163,8 @@ def _extern_value(v, refs: list):
     if v is None or isinstance(v, (bool, int, float, str, torch.dtype, torch.layout, torch.memory_format, sym.Sym,
                                    sym_values.SizeFloat)):
         return v  # a symbolic size is made concrete at each call
+    if isinstance(v, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+        return OpArg(_target_name(v))  # an operator a higher-order op calls (with_effects' op)
     raise MinicompError(f"cannot pass {v!r} ({type(v).__name__}) to an extern op")
 
 
@@ -345,7 +355,7 @@ class Lowerer:
         if typ is None:
             raise MinicompError(f"{node.target} returns {type(val).__name__}, which minicomp cannot hold\n"
                                 f"  at {self.b.meta['source']}")
-        attrs = {"target": str(_AS_EXTERN.get(node.target, node.target)), "args": ext_args}
+        attrs = {"target": _target_name(_AS_EXTERN.get(node.target, node.target)), "args": ext_args}
         if ext_kwargs:
             attrs["kwargs"] = ext_kwargs
         ext = Node("extern", refs, attrs, typ, meta=dict(self.b.meta, reason=reason))

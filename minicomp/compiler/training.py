@@ -49,8 +49,8 @@ def _unsupported(joint: fx.GraphModule) -> str | None:
             return f"input {n.name} is {type(val).__name__}, not a tensor or a size"
         if n.op != "call_function":
             continue
-        if isinstance(n.target, torch._ops.HigherOrderOperator):
-            return f"higher-order op {n.target}"
+        if isinstance(n.target, torch._ops.HigherOrderOperator) and n.target is not torch.ops.higher_order.with_effects:
+            return f"higher-order op {n.target}"  # with_effects runs in torch, in the forward (an extern)
         if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace in ("_c10d_functional", "c10d"):
             return f"collective {n.target}"
         leaves = val if isinstance(val, (tuple, list)) else (val,)

@@ -395,6 +395,25 @@ class Ref:
         return f"${self.index}"
 
 
+class OpArg:
+    """An extern argument that is itself an ATen operator (printed `op("aten.x.default")`): what a
+    higher-order op takes, as AOTAutograd's with_effects(token, op, *args) does for an op with a
+    side effect (linalg.inv's check for a singular matrix)."""
+    __slots__ = ("target",)
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def __eq__(self, other):
+        return isinstance(other, OpArg) and other.target == self.target
+
+    def __hash__(self):
+        return hash(("OpArg", self.target))
+
+    def __repr__(self):
+        return f'op("{self.target}")'
+
+
 def resolve_target(target: str):
     """'aten.cumsum.default' -> torch.ops.aten.cumsum.default"""
     obj = torch.ops
@@ -406,6 +425,8 @@ def resolve_target(target: str):
 def _fill_refs(template, xs):
     if isinstance(template, Ref):
         return xs[template.index]
+    if isinstance(template, OpArg):
+        return resolve_target(template.target)
     if isinstance(template, (list, tuple)):
         return type(template)(_fill_refs(t, xs) for t in template)
     if isinstance(template, dict):

@@ -9,7 +9,7 @@ import re
 import torch
 
 from . import sym, sym_read, sym_values
-from .ops import Ref
+from .ops import OpArg, Ref
 from .types import DTYPES
 
 
@@ -26,7 +26,7 @@ def format_value(v) -> str:
         return repr(v)
     if isinstance(v, str):
         return v if v in DTYPES else json.dumps(v)  # dtype names print bare: cast [dtype=f16]
-    if isinstance(v, Ref):
+    if isinstance(v, (Ref, OpArg)):
         return repr(v)
     if isinstance(v, sym.Sym):
         return f'size("{v}")'  # a symbolic size in an attribute: view [shape=(size("4*s0"), 768)]
@@ -108,6 +108,11 @@ def read_value(c: Cursor):
             return float("nan")
         if val.startswith("torch."):
             return getattr(torch, val[len("torch."):])
+        if val == "op" and c.peek()[1] == "(":
+            c.next()
+            target = json.loads(c.next()[1])
+            c.expect(")")
+            return OpArg(target)
         if val == "size" and c.peek()[1] == "(":
             c.next()
             kind, text = c.next()

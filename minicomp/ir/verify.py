@@ -13,7 +13,7 @@ import functools
 
 from . import sym
 from .graph import Graph, Node
-from .ops import OPS, Ref, resolve_target
+from .ops import OPS, OpArg, Ref, resolve_target
 from .kernel import KernelPrinter, buffer_sources
 from .kernel_verify import KernelChecker
 from .parser import ParseError, parse
@@ -65,10 +65,24 @@ def _check_extern(n: Node, fail) -> None:
     slots = _refs((n.attrs["args"], n.attrs.get("kwargs", {})), [])
     if any(not 0 <= i < len(n.args) for i in slots):
         fail(f"argument slots {sorted(set(slots))} do not match its {len(n.args)} operand(s)")
-    try:
-        resolve_target(n.attrs["target"])
-    except (AttributeError, RuntimeError):
-        fail(f"unknown target {n.attrs['target']!r}")
+    for target in [n.attrs["target"]] + _op_args((n.attrs["args"], n.attrs.get("kwargs", {})), []):
+        try:
+            resolve_target(target)
+        except (AttributeError, RuntimeError):
+            fail(f"unknown target {target!r}")
+
+
+def _op_args(value, out: list) -> list:
+    """The operators an extern passes as arguments (OpArg), by name."""
+    if isinstance(value, OpArg):
+        out.append(value.target)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _op_args(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _op_args(v, out)
+    return out
 
 
 def _check_getitem(n: Node, fail) -> None:

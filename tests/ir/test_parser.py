@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from minicomp.ir import Graph, Node, ParseError, Ref, TensorType, parse, verify
+from minicomp.ir import Graph, Node, OpArg, ParseError, Ref, TensorType, parse, verify
 
 
 def ir(text: str) -> str:
@@ -29,6 +29,7 @@ ALL_ATTR_KINDS = ir("""
       %9: f32[2,3] = getitem %8 [index=0]
       %10: f16[2,3] = cast %9 [dtype=f16]
       %11: f32[2,3] = gelu %7 [approximate="tanh"]
+      %12: (f32[0], None) = extern %x %i [args=($0, op("aten._linalg_check_errors.default"), $1, "linalg.inv"), kwargs={"is_matrix": false}, target="higher_order.with_effects"]
       return %11, None, %6
     }
 """)
@@ -50,6 +51,7 @@ def test_parsed_attribute_values():
     assert ext.attrs["kwargs"]["dtype"] is torch.float32 and ext.attrs["kwargs"]["layout"] is torch.strided
     assert g.nodes[8].type == (TensorType((2, 3), "f32"), None)
     assert g.nodes[10].attrs == {"dtype": "f16"}  # dtype names are bare words
+    assert g.nodes[12].attrs["args"][1] == OpArg("aten._linalg_check_errors.default")  # an operator argument
     assert g.outputs[1] is None
 
 

@@ -132,6 +132,13 @@ def test_extern_slot_out_of_range():
         "argument slots [0, 1] do not match its 1 operand(s)")
 
 
+def test_extern_unknown_operator_argument():
+    rejects(graph("""
+        %0: f32[4] = extern %x [args=($0, op("aten.no_such_op.default")), target="higher_order.with_effects"]
+        return %0
+    """), "unknown target 'aten.no_such_op.default'")
+
+
 def test_extern_unknown_target():
     rejects(graph("""
         %0: f32[4] = extern %x [args=($0,), target="aten.no_such_op.default"]
