@@ -160,7 +160,7 @@ def _extern_value(v, refs: list):
         return type(v)(_extern_value(x, refs) for x in v)
     if isinstance(v, torch.device):
         return str(v)
-    if v is None or isinstance(v, (bool, int, float, str, torch.dtype, torch.layout, torch.memory_format, sym.Sym,
+    if v is None or isinstance(v, (bool, int, float, complex, str, torch.dtype, torch.layout, torch.memory_format, sym.Sym,
                                    sym_values.SizeFloat)):
         return v  # a symbolic size is made concrete at each call
     if isinstance(v, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):

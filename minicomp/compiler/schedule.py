@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..backends.layout import CONTIGUOUS_TORCH_OPS, ORDERED_OPERANDS, meta_of, real_meta
 from ..ir import OPS, Graph, Node, sym_values
+from ..ir.ops import view_target
 from .kernelize import KernelBuilder, NotFusable, prefix_reshape
 from .output_layout import is_layout_view
 
@@ -354,7 +355,8 @@ def required_buffers(graph: Graph, kernel_ops) -> tuple[set, dict, set]:
             need(o, "graph output", allow_view=is_layout_view(o) or alone and _contiguous_view(o, kernel_ops))
     for n in graph.nodes:
         if runs_in_torch(n, kernel_ops):
-            ordered = ORDERED_OPERANDS.get(n.op, 0)
+            # a torch view op (view_as_complex) takes its operands contiguous: ir.ops.view_target
+            ordered = len(n.args) if n.op == "extern" and view_target(n.attrs["target"]) else ORDERED_OPERANDS.get(n.op, 0)
             for i, a in enumerate(n.args):
                 need(a, f"operand of {n.op} (runs in torch)", allow_view=i >= ordered,
                      transposable=n.op in TRANSPOSED_OPERANDS)

@@ -12,6 +12,7 @@ Pointwise ops are strict about dtypes (both operands of `add` have one dtype); t
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -434,7 +435,20 @@ def _fill_refs(template, xs):
     return template
 
 
+@functools.lru_cache(maxsize=None)
+def view_target(target: str) -> bool:
+    """Whether extern `target` is a torch view op (view_as_complex, view.dtype): one that may demand
+    strides of its operand (view_as_complex a last dim of stride 1). The fx graph may have made the
+    operand contiguous with a clone, which the IR does not keep (a clone is its operand's value), so
+    the operand comes contiguous: a kernel writes it (compiler/schedule.py), and the reference
+    below copies one that is not."""
+    op = resolve_target(target)
+    return bool(getattr(op, "is_view", False))
+
+
 def _extern_ref(xs, a, device):
+    if view_target(a["target"]):
+        xs = [x.contiguous() if isinstance(x, torch.Tensor) else x for x in xs]
     kwargs = dict(_fill_refs(a.get("kwargs", {}), xs))
     if "device" in kwargs:
         kwargs["device"] = device

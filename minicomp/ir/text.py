@@ -24,6 +24,8 @@ def format_value(v) -> str:
         if math.isnan(v):
             return "nan"
         return repr(v)
+    if isinstance(v, complex):  # a complex scalar operand: x * (1+2j)
+        return f"complex({format_value(v.real)}, {format_value(v.imag)})"
     if isinstance(v, str):
         return v if v in DTYPES else json.dumps(v)  # dtype names print bare: cast [dtype=f16]
     if isinstance(v, (Ref, OpArg)):
@@ -108,6 +110,13 @@ def read_value(c: Cursor):
             return float("nan")
         if val.startswith("torch."):
             return getattr(torch, val[len("torch."):])
+        if val == "complex" and c.peek()[1] == "(":
+            c.next()
+            re_ = read_value(c)
+            c.expect(",")
+            im = read_value(c)
+            c.expect(")")
+            return complex(re_, im)
         if val == "op" and c.peek()[1] == "(":
             c.next()
             target = json.loads(c.next()[1])

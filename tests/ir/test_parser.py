@@ -30,6 +30,7 @@ ALL_ATTR_KINDS = ir("""
       %10: f16[2,3] = cast %9 [dtype=f16]
       %11: f32[2,3] = gelu %7 [approximate="tanh"]
       %12: (f32[0], None) = extern %x %i [args=($0, op("aten._linalg_check_errors.default"), $1, "linalg.inv"), kwargs={"is_matrix": false}, target="higher_order.with_effects"]
+      %13: c64[2,3] = extern %x [args=($0, complex(1.0, -2.5)), target="aten.mul.Tensor"]
       return %11, None, %6
     }
 """)
@@ -52,6 +53,7 @@ def test_parsed_attribute_values():
     assert g.nodes[8].type == (TensorType((2, 3), "f32"), None)
     assert g.nodes[10].attrs == {"dtype": "f16"}  # dtype names are bare words
     assert g.nodes[12].attrs["args"][1] == OpArg("aten._linalg_check_errors.default")  # an operator argument
+    assert g.nodes[13].attrs["args"][1] == complex(1.0, -2.5)  # a complex scalar operand
     assert g.outputs[1] is None
 
 
