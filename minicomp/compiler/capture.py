@@ -253,7 +253,8 @@ def _with_sizes(run, positions: list, n_inputs: int, graph, sizes_out: dict, giv
             values: dict = {}
             values.update((s, int(args[i])) for s, i in zip(graph.size_inputs, given))
             for shape, t in zip(types, tensors):
-                sym_values.bind(shape, tuple(t.shape), values)
+                if t is not None:  # an effect token AOTAutograd passes as None (with_effects' first input)
+                    sym_values.bind(shape, tuple(t.shape), values)
             out = list(out)
             for i, s in sizes_out.items():
                 out[i] = sym_values.concrete(s, values)

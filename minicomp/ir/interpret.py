@@ -41,7 +41,8 @@ def prepare(graph: Graph):
         if symbolic:
             values = dict(zip(graph.size_inputs, sizes))
             for x, t in zip(graph.inputs, inputs):
-                sym_values.bind(x.type.shape, tuple(t.shape), values)
+                if t is not None:  # an effect token AOTAutograd passes as None
+                    sym_values.bind(x.type.shape, tuple(t.shape), values)
         for ref, args, attrs in steps:
             if ref is None:
                 env.append(args.to(device))

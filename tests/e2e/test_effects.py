@@ -50,3 +50,25 @@ def test_a_singular_matrix_raises_as_in_eager(grad):
     with pytest.raises(torch.linalg.LinAlgError) as ours:
         minicomp.compile(inv)(x)
     assert str(ours.value) == str(eager.value)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["interpret"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_an_effectful_op_over_symbolic_sizes(backend, grad):
+    """The batch changes, so the program goes symbolic; AOTAutograd passes the effect token as
+    None, which no tensor's shape is read from."""
+    def inv(x):
+        return torch.linalg.inv(x + 3 * torch.eye(3)).sum(-1)
+    compiled = minicomp.compile(inv, backend=backend)
+    for n in (2, 4, 7):
+        x = torch.randn(n, 3, 3, requires_grad=grad)
+        xe = x.detach().clone().requires_grad_(grad)
+        got, want = compiled(x), inv(xe)
+        torch.testing.assert_close(got, want)
+        if grad:
+            got.sum().backward()
+            want.sum().backward()
+            torch.testing.assert_close(x.grad, xe.grad)
+    assert any(g.detail.get("symbolic") for g in compiled.report().graphs)
+    with pytest.raises(torch.linalg.LinAlgError):
+        compiled(torch.zeros(5, 3, 3) - 3 * torch.eye(3))
