@@ -435,15 +435,20 @@ def _fill_refs(template, xs):
     return template
 
 
+STORAGE_VIEWS = ("as_strided", "_reshape_alias")  # views whose strides count in the operand's storage
+
+
 @functools.lru_cache(maxsize=None)
 def view_target(target: str) -> bool:
     """Whether extern `target` is a torch view op (view_as_complex, view.dtype): one that may demand
     strides of its operand (view_as_complex a last dim of stride 1). The fx graph may have made the
     operand contiguous with a clone, which the IR does not keep (a clone is its operand's value), so
     the operand comes contiguous: a kernel writes it (compiler/schedule.py), and the reference
-    below copies one that is not."""
+    below copies one that is not. Not as_strided: its strides address the operand's storage, so a
+    copy would change what it reads."""
     op = resolve_target(target)
-    return bool(getattr(op, "is_view", False))
+    name = getattr(op, "_schema", None) and op._schema.name.split("::")[-1]
+    return bool(getattr(op, "is_view", False)) and name not in STORAGE_VIEWS
 
 
 def _extern_ref(xs, a, device):
