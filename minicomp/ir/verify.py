@@ -38,16 +38,16 @@ def _bad_type(t) -> str | None:
     return None
 
 
-def _refs(value, out: list) -> list:
-    """All Ref slots in an extern's args/kwargs template."""
-    if isinstance(value, Ref):
-        out.append(value.index)
-    elif isinstance(value, (list, tuple)):
+def _leaves(value, out: list) -> list:
+    """Every value in an extern's args/kwargs template, its lists, tuples and dicts walked."""
+    if isinstance(value, (list, tuple)):
         for v in value:
-            _refs(v, out)
+            _leaves(v, out)
     elif isinstance(value, dict):
         for v in value.values():
-            _refs(v, out)
+            _leaves(v, out)
+    else:
+        out.append(value)
     return out
 
 
@@ -62,27 +62,15 @@ def _check_result_types(n: Node, fail) -> None:
 
 
 def _check_extern(n: Node, fail) -> None:
-    slots = _refs((n.attrs["args"], n.attrs.get("kwargs", {})), [])
+    leaves = _leaves((n.attrs["args"], n.attrs.get("kwargs", {})), [])
+    slots = [v.index for v in leaves if isinstance(v, Ref)]
     if any(not 0 <= i < len(n.args) for i in slots):
         fail(f"argument slots {sorted(set(slots))} do not match its {len(n.args)} operand(s)")
-    for target in [n.attrs["target"]] + _op_args((n.attrs["args"], n.attrs.get("kwargs", {})), []):
+    for target in [n.attrs["target"]] + [v.target for v in leaves if isinstance(v, OpArg)]:  # operators it passes
         try:
             resolve_target(target)
         except (AttributeError, RuntimeError):
             fail(f"unknown target {target!r}")
-
-
-def _op_args(value, out: list) -> list:
-    """The operators an extern passes as arguments (OpArg), by name."""
-    if isinstance(value, OpArg):
-        out.append(value.target)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _op_args(v, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _op_args(v, out)
-    return out
 
 
 def _check_getitem(n: Node, fail) -> None:
