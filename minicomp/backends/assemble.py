@@ -76,13 +76,12 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu", sizes=No
             steps.append(launches[n])
             r = reports[n]
             step = StepReport(r.name, ctx.name, "kernel", r.label, r.ops, r.bytes_read, r.bytes_written, r.flops)
-        elif n.op == "getitem":  # an element of a torch op's results: one Python index, no torch call
-            steps.append(TorchCall(_torch_fn(n, device), [slot[a] for a in n.args], slot[n], n in kernel_inputs))
-            names.append(f"minicomp {ctx.name} getitem")
-            timers.append(None)  # nothing worth a clock read, and no roof of explain()'s to judge it by
-            continue
         else:
             steps.append(TorchCall(_torch_fn(n, device), [slot[a] for a in n.args], slot[n], n in kernel_inputs))
+            if n.op == "getitem":  # an element of a torch op's results: one Python index, no torch call
+                names.append(f"minicomp {ctx.name} getitem")
+                timers.append(None)  # nothing worth a clock read, and no roof of explain()'s to judge it by
+                continue
             step = _torch_step_report(n, ctx.name)
         names.append(f"minicomp {ctx.name} {step.name} ({step.label})")
         timers.append(_timer(step, reports.get(n)) if profile else None)
