@@ -57,6 +57,7 @@ _CHILD = textwrap.dedent("""
     import torch, minicomp
     def fn(x):
         return torch.softmax(torch.cos(x) * 2, -1) + x
+    torch.manual_seed(0)
     x = torch.randn(8, 33)
     minicomp.compile(fn, backend="cpu")(x)
     for mode in sys.argv[1:]:
@@ -68,7 +69,10 @@ _CHILD = textwrap.dedent("""
             open(path, "wb").write(data)
         compiled = minicomp.compile(fn, backend="cpu")
         out = compiled(x)
-        print(mode, compiled.report().graphs[0].detail["llvm_cached"], torch.allclose(out, fn(x)), flush=True)
+        # float32 kernels sum in another order than eager: allclose's default atol (1e-8) failed on an
+        # output element near zero in 0.2% of random inputs
+        print(mode, compiled.report().graphs[0].detail["llvm_cached"], torch.allclose(out, fn(x), atol=1e-6),
+              flush=True)
 """)
 
 
