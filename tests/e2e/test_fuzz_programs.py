@@ -115,3 +115,17 @@ def test_an_ill_conditioned_result_is_judged_against_float64():
     assert fuzz.as_close_as_eager([torch.tensor([1.00015])], want, ref)
     assert not fuzz.as_close_as_eager([torch.tensor([1.01])], want, ref)
     assert not fuzz.as_close_as_eager([torch.tensor([1.0001, 2.0])], want, [torch.tensor([1.0, 2.0, 3.0])])
+
+
+def test_an_integer_rounded_at_a_tie_is_judged_against_float64():
+    """Seed 1402348 rounds an f16 tanh(v) * 100 to an integer: eager computes it in f16 (40.5, a tie,
+    rounded to 40), minicomp's kernel in f32 (40.53, rounded to 41, as the float64 run does). An
+    integer result that differs from eager's only where it is as close to float64's is no finding;
+    one further from it is."""
+    torch._dynamo.reset()
+    outcome, src, why = fuzz.run_one(1402348, "cpu")
+    assert outcome == "ok", f"{outcome}: {why}\n{src}"
+    ref, want = [torch.tensor([41, 7], dtype=torch.int32)], [torch.tensor([40, 7], dtype=torch.int32)]
+    assert fuzz.as_close_as_eager([torch.tensor([41, 7], dtype=torch.int32)], want, ref)
+    assert not fuzz.as_close_as_eager([torch.tensor([40, 8], dtype=torch.int32)], want, ref)
+    assert not fuzz.as_close_as_eager([torch.tensor([True])], [torch.tensor([False])], [torch.tensor([False])])
