@@ -252,9 +252,7 @@ def _with_sizes(run, positions: list, n_inputs: int, graph, sizes_out: dict, giv
         if sizes_out:
             values: dict = {}
             values.update((s, int(args[i])) for s, i in zip(graph.size_inputs, given))
-            for shape, t in zip(types, tensors):
-                if t is not None:  # an effect token AOTAutograd passes as None (with_effects' first input)
-                    sym_values.bind(shape, tuple(t.shape), values)
+            sym_values.bind_inputs(types, tensors, values)
             out = list(out)
             for i, s in sizes_out.items():
                 out[i] = sym_values.concrete(s, values)

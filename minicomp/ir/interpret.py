@@ -31,6 +31,7 @@ def prepare(graph: Graph):
     symbolic = bool(graph.sizes) or any(getattr(x.type, "symbolic", False) for x in graph.inputs)
     outs = tuple(None if o is None else slot[o] for o in graph.outputs)
     n_in = len(graph.inputs)
+    shapes = [x.type.shape for x in graph.inputs]
 
     def run(*inputs, sizes=()):
         if len(inputs) != n_in:
@@ -40,9 +41,7 @@ def prepare(graph: Graph):
         values = None
         if symbolic:
             values = dict(zip(graph.size_inputs, sizes))
-            for x, t in zip(graph.inputs, inputs):
-                if t is not None:  # an effect token AOTAutograd passes as None
-                    sym_values.bind(x.type.shape, tuple(t.shape), values)
+            sym_values.bind_inputs(shapes, inputs, values)
         for ref, args, attrs in steps:
             if ref is None:
                 env.append(args.to(device))

@@ -53,6 +53,15 @@ def as_symbol(x) -> Optional[str]:
     return None
 
 
+def bind_inputs(shapes, tensors, values: dict) -> dict:
+    """bind() for a graph's inputs: each declared shape against its tensor's. An input passed as None
+    (AOTAutograd's effect token for with_effects) has no shape and no symbol to give."""
+    for dims, t in zip(shapes, tensors):
+        if t is not None:
+            bind(dims, tuple(t.shape), values)
+    return values
+
+
 def bind(dims, sizes, values: Optional[dict] = None) -> dict:
     """Symbol values from actual sizes: `dims` the declared dimensions (ints or Syms), `sizes` the
     actual ints, position by position. A bare symbol takes its size; a composite one (2*s0) and an int
