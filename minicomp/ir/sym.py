@@ -294,7 +294,13 @@ def exact_div(a: Int, b: Int):
     return None
 
 
+def _nonzero(d: Int) -> None:
+    if isinstance(d, int) and d == 0:
+        raise SymbolicError("a size expression divides by zero")
+
+
 def floordiv(a: Int, d: Int) -> Int:
+    _nonzero(d)
     if isinstance(a, int) and isinstance(d, int):
         return a // d
     if isinstance(d, int) and d == 1:
@@ -317,6 +323,7 @@ def floordiv(a: Int, d: Int) -> Int:
 
 
 def mod(a: Int, d: Int) -> Int:
+    _nonzero(d)
     if isinstance(a, int) and isinstance(d, int):
         return a % d
     if isinstance(d, int) and d == 1:

@@ -158,6 +158,8 @@ def _read_items(c: Cursor, close: str, item) -> list:
         items.append(item(c))
         if c.peek()[1] == ",":
             c.next()
+        elif c.peek()[1] != close:
+            raise ParseError(f"line {c.lineno}: expected ',' or {close!r}, found {c.peek()[1]!r}")
     c.next()
     return items
 

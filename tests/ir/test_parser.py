@@ -107,6 +107,10 @@ def graph_text(*body, head="graph g(%x: f32[2]) -> (f32[2]) {"):
     (graph_text("return %x", head="graph g(%x: f32[x]) -> (f32[2]) {"), "line 1: cannot read"),
     (graph_text("0: f32[2] = exp %x", "return %0"), "line 2: expected `%name: type = op ...`"),
     (graph_text("return %x", "%0: f32[2] = exp %x"), "line 3: text after the return line"),
+    (graph_text("%0: f32[1,2] = reshape %x [shape=(1 2)]", "return %0", head="graph g(%x: f32[2]) -> (f32[1,2]) {"),
+     "line 2: expected ',' or ')', found '2'"),
+    (graph_text("%0: f32[s0] = reshape %x [shape=(size(\"s0//0\"),)]", "return %0",
+                head="graph g(%x: f32[s0]) -> (f32[s0]) {"), "a size expression divides by zero"),
 ])
 def test_parse_errors_name_the_line(text, message):
     with pytest.raises(ParseError) as e:
