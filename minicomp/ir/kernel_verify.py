@@ -5,8 +5,9 @@ bytes); its io map gives every buffer one operand or result of matching dtype an
 result buffer is stored; every loop variable is distinct; every value's operands are computed in
 the kernel (a DAG), pointwise ops follow the op table's dtype rules, loads and stores name existing
 buffers of their own dtype (loads only read, stores only write) at indices over the kernel's loop
-variables (an outer store's over the outer ones), within the buffer where the index is affine and
-unguarded; a loaded index is an integer; an accumulator is read only after its reduction's stage.
+variables (an outer store's over the outer ones) that divide only by positive sizes, within the
+buffer where unguarded (bounded over the loops where affine, else exact at the loops' corners); a
+loaded index is an integer; an accumulator is read only after its reduction's stage.
 An error names the kernel and quotes its line as printed (ir/kernel.py).
 """
 from __future__ import annotations
@@ -25,6 +26,37 @@ def _size(x) -> bool:
     """An extent or element count: an int >= 0, or a symbolic size (ir/sym.py) not surely negative
     (the ranges alone cannot see the guards a slice was decided under: T - 1 after 1 <= T)."""
     return isinstance(x, (int, sym.Sym)) and not isinstance(x, bool) and not sym.known(x, "<", 0)
+
+
+def _atoms(e: Expr):
+    """Every atom of an index, those inside its divisions and moduli too."""
+    for a, _ in e.terms:
+        yield a
+        if not isinstance(a, Var) and a.kind in ("div", "mod"):
+            yield from _atoms(a.expr)
+
+
+def _positive(d) -> bool:
+    """A divisor that may be right: an int > 0, or a size not surely <= 0."""
+    if isinstance(d, sym.Sym):
+        return not sym.known(d, "<=", 0)
+    return isinstance(d, int) and not isinstance(d, bool) and d > 0
+
+
+def _at(e: Expr, point: dict, sizes: dict):
+    """An index without loaded values at one point (loop variable -> int), sizes at `sizes`; None
+    where a divisor is not positive there."""
+    total = sym.evaluate(e.const, sizes)
+    for a, c in e.terms:
+        if isinstance(a, Var):
+            v = point[a.name]
+        else:
+            inner, d = _at(a.expr, point, sizes), sym.evaluate(a.c, sizes)
+            if inner is None or d <= 0:
+                return None
+            v = inner // d if a.kind == "div" else inner % d
+        total += v * sym.evaluate(c, sizes)
+    return total
 
 
 class KernelChecker:
@@ -95,9 +127,11 @@ class KernelChecker:
     def check_index(self, e: Expr, allowed, obj) -> None:
         if not isinstance(e, Expr):
             self.fail(f"index {e!r} is not an index expression", obj)
-        for a, _ in e.terms:
+        for a in _atoms(e):
             if isinstance(a, Var) and (a.name not in self.loops or self.loops[a.name] != a.size):
                 self.fail(f"index uses {a.name} (size {a.size}), which is not a loop variable of the kernel", obj)
+            if not isinstance(a, Var) and a.kind in ("div", "mod") and not _positive(a.c):
+                self.fail(f"index {'divides' if a.kind == 'div' else 'takes a modulus'} by {a.c}", obj)
         bad = e.vars() - allowed
         if bad:
             where = "the outer loops" if allowed == self.outer else "the loops"
@@ -108,6 +142,10 @@ class KernelChecker:
                 self.fail(f"a loaded index must be an integer, got {v.dtype}", obj)
 
     def in_range(self, e: Expr, numel: int, what: str, obj) -> None:
+        if not e.is_affine():
+            if not data_values(e):
+                self.at_corners(e, numel, what, obj)
+            return
         # sym.known, never a comparison: the verifier must not guard (a symbolic size may be 0 at some call)
         if e.is_affine() and sym.known(numel, ">", 0) and all(sym.known(self.loops[v], ">", 0) for v in e.vars()):
             lo, hi = e.range()  # over symbolic sizes: an error only where it is out of range for every size
@@ -116,6 +154,29 @@ class KernelChecker:
             if sym.known(lo, "<", 0) or sym.known(hi, ">=", numel) or (
                     isinstance(lo, int) and isinstance(hi, int) and isinstance(numel, int) and (lo < 0 or hi >= numel)):
                 self.fail(f"{what} reaches [{lo}, {hi}], outside the buffer's {numel} elements", obj)
+
+    def at_corners(self, e: Expr, numel, what: str, obj) -> None:
+        """An index with divisions or moduli, which bounds by ranges would overstate (3*(i//3) + i%3
+        is i): evaluated exactly where every loop variable it reads is 0, where each alone is at its
+        last value and where all are, at the sizes' hints (what this compile runs at; skipped
+        where a size has none). Each of these points runs, so one outside the buffer is an error."""
+        hints = sym.current().hints
+        try:
+            last = {v: sym.evaluate(self.loops[v], hints) - 1 for v in e.vars()}
+            n = sym.evaluate(numel, hints)
+        except (KeyError, TypeError):
+            return
+        if n <= 0 or any(x < 0 for x in last.values()):
+            return
+        zero = dict.fromkeys(last, 0)
+        for point in [zero, last] + [{**zero, v: x} for v, x in last.items()]:
+            try:
+                at = _at(e, point, hints)
+            except KeyError:  # a size in a coefficient or divisor without a hint
+                return
+            if at is not None and not 0 <= at < n:
+                where = ", ".join(f"{v}={x}" for v, x in sorted(point.items()))
+                self.fail(f"{what} is {at} at {where or 'every point'}, outside the buffer's {n} elements", obj)
 
     def value(self, root: KExpr, allowed) -> None:
         """Check root and every value it reads (operands first)."""

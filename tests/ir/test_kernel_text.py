@@ -235,6 +235,12 @@ def test_fused_text_verifies_and_interprets():
     ("r1: f32 = sum t3", "r1: i64 = sum t3", "sum of f32 gives f32, not i64"),
     ("bytes=1024", "bytes=1000", "attribute bytes=1000, but its kernel says 1024"),
     ('domain="8 x [16]"', 'domain="8x16"', "attribute domain='8x16', but its kernel says '8 x [16]'"),
+    # an index with divisions or moduli: its divisors, and its value at the loops' corners (exact there)
+    ("t0: f32 = load b0[16*i0 + i1]", "t0: f32 = load b0[16*i0 + ((i1) // 0)]", "index divides by 0"),
+    ("t0: f32 = load b0[16*i0 + i1]", "t0: f32 = load b0[16*i0 + ((i1) % 0)]", "index takes a modulus by 0"),
+    ("t0: f32 = load b0[16*i0 + i1]", "t0: f32 = load b0[16*i0 + ((i1 + 16) % 32)]",
+     "load index is 143 at i0=7, i1=15, outside the buffer's 128 elements"),
+    ("b1[16*i0 + i1] = t5", "b1[16*((i0 + 1) % 9) + i1] = t5", "store index is 143 at i0=7, i1=15"),
 ])
 def test_verifier_rejects_broken_kernel_text(old, new, message):
     text = broken(old, new)
@@ -260,6 +266,17 @@ def test_verifier_rejects_broken_kernel_text(old, new, message):
 def test_parser_rejects_broken_kernel_text(old, new, message):
     with pytest.raises(ParseError, match=message.replace("(", r"\(").replace("[", r"\[")):
         parse(broken(old, new))
+
+
+def test_an_index_that_regroups_its_loops_is_in_range():
+    """16*(i0 // 2) + 8*(i0 % 2) + i1 is 8*i0 + i1 (an unravel put back): bounds over ranges would
+    put its top at 16*3 + 8 + 7 = 63 and refuse it; the corners are exact, and it reads b0 whole."""
+    text = FUSED.replace("16*i0 + i1]", "16*((i0) // 2) + 8*((i0) % 2) + i1]", 1).replace(
+        "(i0: 8)", "(i0: 16)").replace("[i1: 16]", "[i1: 8]").replace('"8 x [16]"', '"16 x [8]"')
+    text = text.replace("16*i0 + i1] = t5", "8*i0 + i1] = t5")
+    g = verify(parse(text))
+    x = torch.randn(8, 16)
+    torch.testing.assert_close(interpret(g, x)[0], F.softmax(x.reshape(16, 8), -1).reshape(8, 16))
 
 
 def test_verifier_names_the_line_after_earlier_kernels():
