@@ -420,6 +420,8 @@ def resolve_target(target: str):
     obj = torch.ops
     for part in target.split("."):
         obj = getattr(obj, part)
+    if not callable(obj):  # torch.ops makes a namespace of any name: 'aten', ':'
+        raise AttributeError(f"{target!r} names no operator")
     return obj
 
 

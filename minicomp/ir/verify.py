@@ -1,15 +1,19 @@
 """Check a Graph's invariants; run after every pass in tests and in debug mode.
 
 Guarantees on success: every operand is defined before use, every op is in the table with the
-right arity and attributes, every node's type is what the op table's rule infers, tuple-typed
-values (multi-result externs and kernels) are read only through in-range `getitem`s, and every
-extern's `$i` slots name one of its operands, and every kernel node's body is well formed
-(kernel_verify.py). An error names the offending node as printed, and its line number in the
-printed text, so it can be found in a dump file. `round_trip` checks that the text reads back.
+right arity and attributes (each of the kind its name means), every size a node uses is bound by
+the inputs, every node's type is what the op table's rule infers, tuple-typed values (multi-result
+externs and kernels) are read only through in-range `getitem`s, every extern's `$i` slots name one
+of its operands and its result types are what its target gives (run on meta tensors, where it
+can), and every kernel node's body is well formed (kernel_verify.py). An error names the offending
+node as printed, and its line number in the printed text, so it can be found in a dump file.
+`round_trip` checks that the text reads back.
 """
 from __future__ import annotations
 
 import functools
+
+import torch
 
 from . import sym
 from .graph import Graph, Node
@@ -18,6 +22,8 @@ from .kernel import KernelPrinter, buffer_sources
 from .kernel_verify import KernelChecker
 from .parser import ParseError, parse
 from .printer import format_node, format_type, namer, node_lines, print_graph
+from .sym_values import SizeBool, SizeFloat
+from .text import format_value
 from .types import DTYPES, TensorType
 
 
@@ -36,6 +42,60 @@ def _bad_type(t) -> str | None:
     if any(not isinstance(s, (int, sym.Sym)) or isinstance(s, bool) or sym.known(s, "<", 0) for s in t.shape):
         return f"bad shape {t.shape}"
     return None
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _size(v) -> bool:
+    return _int(v) or isinstance(v, sym.Sym)
+
+
+def _number(v) -> bool:  # a scalar operand: an iota's start, a fill value (a float of sizes too)
+    return not isinstance(v, bool) and isinstance(v, (int, float, complex, sym.Sym, SizeFloat))
+
+
+def _seq(item):
+    return lambda v: isinstance(v, (tuple, list)) and all(item(x) for x in v)
+
+
+# what each attribute of the op table's rows holds, by name (one meaning per name across ops)
+_ATTR_KINDS = {
+    "approximate": ('"none" or "tanh"', lambda v: v in ("none", "tanh")),
+    "dtype": ("a dtype", lambda v: isinstance(v, str) and v in DTYPES),
+    "dims": ("a tuple of dims", _seq(_int)),
+    "keepdim": ("true or false", lambda v: isinstance(v, bool)),
+    "dim": ("a dim", _int),
+    "shape": ("a tuple of sizes", _seq(_size)),
+    "start": ("a number or size", _number),
+    "end": ("a size", _size),
+    "step": ("a number or size", _number),
+    "value": ("a number, size or bool", lambda v: _number(v) or isinstance(v, (bool, SizeBool))),
+    "name": ("a string", lambda v: isinstance(v, str)),
+    "stride": ("a tuple of sizes >= 1", _seq(lambda v: _size(v) and not sym.known(v, "<", 1))),
+    "padding": ("a tuple of sizes", _seq(lambda v: _size(v) and not sym.known(v, "<", 0))),
+    "dilation": ("a tuple of sizes >= 1", _seq(lambda v: _size(v) and not sym.known(v, "<", 1))),
+    "output_padding": ("a tuple of sizes", _seq(lambda v: _size(v) and not sym.known(v, "<", 0))),
+    "groups": ("an int >= 1", lambda v: _int(v) and v >= 1),
+    "transposed": ("true or false", lambda v: isinstance(v, bool)),
+    "target": ("an operator name", lambda v: isinstance(v, str)),
+    "args": ("a list of arguments", lambda v: isinstance(v, (tuple, list))),
+    "index": ("an int", _int),
+}
+
+
+def _symbols(values) -> set:
+    """The size symbols in `values` (ints and sizes; anything else is skipped)."""
+    return set().union(*(sym.free_symbols(v) for v in values if isinstance(v, sym.Sym)))
+
+
+def _check_attrs(n: Node, opdef, fail) -> None:
+    """Each attribute the op's row names holds what that name means (`keepdim=tue` reads as a word)."""
+    for k in opdef.attrs:
+        kind = _ATTR_KINDS.get(k)
+        if kind is not None and not kind[1](n.attrs[k]):
+            fail(f"attribute {k}={format_value(n.attrs[k])} is not {kind[0]}")
 
 
 def _leaves(value, out: list) -> list:
@@ -71,6 +131,34 @@ def _check_extern(n: Node, fail) -> None:
             resolve_target(target)
         except (AttributeError, RuntimeError):
             fail(f"unknown target {target!r}")
+    _check_extern_types(n, fail)
+
+
+def _static(t) -> bool:
+    return not isinstance(t, TensorType) or all(isinstance(s, int) for s in t.shape)
+
+
+def _check_extern_types(n: Node, fail) -> None:
+    """An extern's result types against what its target gives on meta tensors of its operands'
+    types: a pass that changed an operand without its extern (torch's kernels trust their operands,
+    and one fed a larger operand writes past its result). Not judged: symbolic types, higher-order
+    targets, and targets that do not run on meta tensors (they need values: item(), nonzero)."""
+    want = n.type if isinstance(n.type, tuple) and not isinstance(n.type, TensorType) else (n.type,)
+    if n.attrs["target"].startswith("higher_order.") or not all(_static(t) for t in [a.type for a in n.args] + list(want)):
+        return
+    metas = [torch.empty(a.type.shape, dtype=DTYPES[a.type.dtype], device="meta") for a in n.args]
+    try:
+        with torch.no_grad():
+            got = OPS["extern"].ref(metas, n.attrs, "meta")
+    except Exception:  # noqa: BLE001 -- any failure to run on meta leaves the extern unjudged
+        return
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    for i, (w, g) in enumerate(zip(want, got)):
+        if isinstance(w, TensorType) and isinstance(g, torch.Tensor) and g.device.type == "meta":
+            if (tuple(g.shape), g.dtype) != (w.shape, DTYPES[w.dtype]):
+                at = f"result {i}" if len(want) > 1 else "its result"
+                fail(f"{at} is typed {format_type(w)}, but {n.attrs['target']} gives "
+                     f"{format_type(TensorType.of(g))} for these operands")
 
 
 def _check_getitem(n: Node, fail) -> None:
@@ -152,6 +240,10 @@ def _verify(graph: Graph) -> Graph:
         defined.add(n)
     if len({n.name for n in graph.inputs}) != len(graph.inputs):
         raise VerifyError(f"graph {graph.name}: two inputs share a name")
+    bound = set(graph.size_inputs).union(*(_symbols(n.type.shape) for n in graph.inputs))
+    if graph.sizes and bound - set(graph.sizes):
+        raise VerifyError(f"graph {graph.name}: size {', '.join(sorted(bound - set(graph.sizes)))} of its inputs "
+                          "is not in its sizes")
     for pos, n in enumerate(graph.nodes):
         line = format_node(n, names)
 
@@ -170,6 +262,12 @@ def _verify(graph: Graph) -> Graph:
         missing = [k for k in opdef.attrs if k not in n.attrs]
         if missing:
             fail(f"missing attribute(s) {', '.join(missing)}")
+        _check_attrs(n, opdef, fail)
+        types = n.type if isinstance(n.type, tuple) and not isinstance(n.type, TensorType) else (n.type,)
+        unbound = _symbols([d for t in types if isinstance(t, TensorType) for d in t.shape]
+                           + _leaves(list(n.attrs.values()), [])) - bound
+        if unbound:
+            fail(f"size {', '.join(sorted(unbound))} is neither a dimension of an input nor a size input")
         if n.op != "getitem":
             for a in n.args:
                 if _bad_type(a.type):
@@ -190,7 +288,7 @@ def _verify(graph: Graph) -> Graph:
         else:
             try:
                 want = opdef.infer(tuple(a.type for a in n.args), n.attrs)
-            except (TypeError, ValueError, KeyError, IndexError) as e:
+            except (TypeError, ValueError, KeyError, IndexError, RuntimeError) as e:  # RuntimeError: conv's meta
                 fail(str(e))
             if want != n.type:
                 fail(f"type should be {format_type(want)}")

@@ -211,3 +211,73 @@ def test_a_symbolic_size_is_refused_only_when_surely_negative():
         """))
     with pytest.raises(VerifyError):
         verify(bad)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("%0: f32[1] = sum %x [dims=(0,), keepdim=tue]", 'attribute keepdim="tue" is not true or false'),
+    ("%0: f32[1] = sum %x [dims=0, keepdim=true]", "attribute dims=0 is not a tuple of dims"),
+    ("%0: f32[4] = cast %x [dtype=f31]", 'attribute dtype="f31" is not a dtype'),
+    ("%0: f32[4] = gelu %x [approximate=\"fast\"]", "attribute approximate=\"fast\" is not \"none\" or \"tanh\""),
+    ("%0: f32[4] = full [dtype=f32, shape=(4,), value=s0]", 'attribute value="s0" is not a number, size or bool'),
+    ("%0: f32[2] = slice %x [dim=0, start=0, end=2.5, step=1]", "attribute end=2.5 is not a size"),
+])
+def test_attribute_of_the_wrong_kind(line, message):
+    """A word where a value belongs reads as a string (`keepdim=tue` as "tue"): the verifier names
+    it, before the op's type rule or torch meets it."""
+    body = line + "\n" + "return %0"
+    outs = line.split(": ", 1)[1].split(" = ")[0]
+    rejects(graph(body, inputs="%x: f32[4]", outs=outs), message)
+
+
+def test_conv_attributes_in_range():
+    inputs = "%x: f32[1,1,5,5], %w: f32[1,1,3,3]"
+    conv = "%0: f32[1,1,3,3] = conv %x %w [dilation=(1, 1), groups=1, output_padding=({op}), padding=(0, 0), " \
+           "stride=(1, 1), transposed=false]\nreturn %0"
+    verify(graph(conv.format(op="0, 0"), inputs=inputs, outs="f32[1,1,3,3]"))
+    rejects(graph(conv.format(op="-1, 0"), inputs=inputs, outs="f32[1,1,3,3]"), "attribute output_padding=(-1, 0)")
+
+
+def test_extern_result_type_against_its_target():
+    """An extern's declared type is what torch's op gives for its operands' types (run on meta
+    tensors): a pass that grew an operand and not its extern would have torch write past the result."""
+    verify(graph("""
+        %0: f32[4] = extern %x [args=($0, 0), target="aten.cumsum.default"]
+        return %0
+    """, inputs="%x: f32[4]"))
+    rejects(graph("""
+        %0: f32[5] = extern %x [args=($0, 0), target="aten.cumsum.default"]
+        return %0
+    """, inputs="%x: f32[4]", outs="f32[5]"), "its result is typed f32[5], but aten.cumsum.default gives f32[4]")
+    rejects(graph("""
+        %0: (f32[4], i32[4]) = extern %x [args=($0,), target="aten.sort.default"]
+        %1: f32[4] = getitem %0 [index=0]
+        return %1
+    """, inputs="%x: f32[4]"), "result 1 is typed i32[4], but aten.sort.default gives i64[4]")
+    # a target that needs its operand's values (nonzero's count) cannot run on meta: not judged
+    verify(graph("""
+        %0: i64[3,1] = extern %x [args=($0,), target="aten.nonzero.default"]
+        return %0
+    """, inputs="%x: f32[4]", outs="i64[3,1]"))
+
+
+def test_extern_target_must_be_an_operator():
+    rejects(graph("""
+        %0: f32[4] = extern %x [args=($0,), target="aten"]
+        return %0
+    """, inputs="%x: f32[4]"), "unknown target 'aten'")
+
+
+def test_every_size_is_bound_by_the_inputs():
+    """A size no input has as a dimension (nor passes as a size input) has no value at a call."""
+    text = """\
+        graph g(%x: f32[s0]) -> (f32[s0]) {
+          sizes s0 in 2.. hint 4
+          %0: f32[] = full [dtype=f32, shape=(), value=size("VALUE")]
+          %1: f32[s0] = mul %x %0
+          return %1
+        }
+        """
+    verify(parse(textwrap.dedent(text.replace("VALUE", "s0"))))
+    rejects(parse(textwrap.dedent(text.replace("VALUE", "s1"))), "size s1 is neither a dimension of an input")
+    undeclared = textwrap.dedent(text.replace("VALUE", "s0").replace("sizes s0", "sizes s9"))
+    rejects(parse(undeclared), "size s0 of its inputs is not in its sizes")
