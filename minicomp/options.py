@@ -22,6 +22,7 @@ below, read at each use (tests and users set them in a running process).
 """
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -45,12 +46,28 @@ class Options:
     dynamic: Union[bool, str] = "auto"  # "auto": static first, a changing size makes its dimension symbolic
 
     @staticmethod
+    def checked(options: dict) -> dict:
+        """A `torch.compile(..., options={...})` dict whose every key make() takes."""
+        known = [k for k in inspect.signature(Options.make).parameters]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"minicomp: unknown option(s) {', '.join(map(repr, unknown))}; the options are "
+                             f"{', '.join(known)}")
+        return options
+
+    @staticmethod
     def make(backend: str = "auto", debug: Union[bool, int, str] = False, remat: bool = True,
              cuda_graphs: bool = True, strict: bool = False, max_programs: int = 8,
              recycle_outputs: bool = True, remat_budget: Optional[float] = None,
              dynamic: Union[bool, str] = "auto") -> "Options":
         if backend not in BACKENDS:
             raise ValueError(f"minicomp: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        for name, value in (("remat", remat), ("cuda_graphs", cuda_graphs), ("strict", strict),
+                            ("recycle_outputs", recycle_outputs)):
+            if not isinstance(value, bool):
+                raise ValueError(f"minicomp: {name}={value!r}: want True or False")
+        if isinstance(max_programs, bool) or not isinstance(max_programs, int) or max_programs < 1:
+            raise ValueError(f"minicomp: max_programs={max_programs!r}: want an int >= 1")
         if remat_budget is not None and (isinstance(remat_budget, bool) or not isinstance(remat_budget, (int, float))
                                          or not 0 < remat_budget <= 1):
             raise ValueError(f"minicomp: remat_budget={remat_budget!r}: want a fraction of remat=False's saved "

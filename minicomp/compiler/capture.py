@@ -364,7 +364,15 @@ def make_backend(options: Options, report: Report):
     return backend
 
 
-def minicomp_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
-    """The `torch.compile(..., backend="minicomp", options={...})` entry point."""
-    opts = Options.make(**(options or {}))
+# torch.compile's modes: what each asks of Inductor, as far as minicomp has it (CUDA Graph replay
+# is on unless asked off; there is nothing to autotune)
+MODES = {"default": {}, "reduce-overhead": {}, "max-autotune": {}, "max-autotune-no-cudagraphs": {"cuda_graphs": False}}
+
+
+def minicomp_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
+    """The `torch.compile(..., backend="minicomp", options={...})` entry point (or `mode=...`: torch
+    takes one or the other)."""
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"minicomp: unknown mode {mode!r}; torch.compile's modes are {', '.join(MODES)}")
+    opts = Options.make(**{**MODES.get(mode, {}), **Options.checked(options or {})})
     return make_backend(opts, Report())(gm, example_inputs)

@@ -294,6 +294,10 @@ def test_bad_arguments():
     assert "'tpu'" in str(e.value) and all(b in str(e.value) for b in ("auto", "interpret", "cpu", "cuda"))
     with pytest.raises(TypeError, match="module or function"):
         minicomp.compile(3)
+    for bad, message in ((dict(remat="yes"), "remat='yes': want True or False"),
+                         (dict(max_programs=0), "max_programs=0: want an int >= 1")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            minicomp.compile(torch.sin, **bad)
 
 
 def test_strict_names_the_unsupported_op_and_source_line():
@@ -319,6 +323,21 @@ def test_torch_compile_backend_after_import():
     x = torch.randn(3, 8)
     c = torch.compile(model, backend="minicomp", options={"backend": "interpret"})
     torch.testing.assert_close(c(x), model(x))
+
+
+def test_torch_compile_modes_and_unknown_options():
+    """torch.compile passes `mode` to a backend (it takes mode or options, not both): each of its
+    modes compiles; an option key minicomp does not have, or a mode torch does not, is named."""
+    model, x = mlp(), torch.randn(3, 8)
+    for mode in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(model, backend="minicomp", mode=mode)(x), model(x))
+    from minicomp.compiler.capture import minicomp_backend
+    gm = torch.fx.symbolic_trace(model)
+    with pytest.raises(ValueError, match="unknown option\\(s\\) 'remmat'; the options are backend, debug, remat"):
+        minicomp_backend(gm, [x], options={"remmat": False})
+    with pytest.raises(ValueError, match="unknown mode 'fast'"):
+        minicomp_backend(gm, [x], mode="fast")
 
 
 def test_dynamo_backend_entry_point_is_installed():
