@@ -8,7 +8,8 @@ timed -- so a kernel is judged against what the same mechanism achieves at its b
   read bandwidth   a row-sum kernel over the working set (nothing written), per size class
   write bandwidth  from a copy kernel of the same size (t = S/2 / read + S/2 / write)
   vector flops     a long chain of cheap ops on data that fits in cache, counted in the op table's
-                   cost units (the same units every kernel's flops are counted in)
+                   cost units (the same units every kernel's flops are counted in), on enough
+                   elements that the kernel runs on every thread (VECTOR_ELEMENTS)
   matmul flops     torch.mm of square matrices (matmuls run in BLAS/cuBLAS)
   launch           a kernel over 16 elements; a torch call's floor likewise (an mm of 2x2)
 
@@ -30,7 +31,11 @@ import torch
 EMULATED = ("cuda_emu",)  # backends whose kernels run emulated on the CPU, beside torch's native calls
 CPU_SIZES = (1 << 18, 1 << 21, 1 << 24, 1 << 26)      # working-set bytes: L2, L3, DRAM, big DRAM
 GPU_SIZES = (1 << 22, 1 << 25, 1 << 28, 1 << 30)
-VERSION = "roofline-1"
+# the vector roof's chains run over as many elements as it takes to use the whole machine: on the CPU
+# past PARALLEL_MIN_WORK (runtime/cpu.py, 32768), so they run on every thread as a kernel that size
+# does (16384 elements ran on one, and 2-thread kernels read 120-150% of that roof); on a GPU, every SM
+VECTOR_ELEMENTS = {"cpu": 1 << 17, "cuda": 1 << 22}
+VERSION = "roofline-2"
 
 
 @dataclass
@@ -123,8 +128,9 @@ def measure(backend: str = "cpu", quick: bool = False) -> Roofline:
         copy.append(2 * nb / t_copy / 1e9)
 
     vector = 0.0
+    n_vec = VECTOR_ELEMENTS[device]
     for chain in _CHAINS:  # the best of a cheap-op chain and transcendental ones (interleaved by the codegen)
-        t_vec, step = _best_step(chain, (torch.rand(1 << 14, device=device),), reps, backend)
+        t_vec, step = _best_step(chain, (torch.rand(n_vec, device=device),), reps, backend)
         vector = max(vector, step.flops / t_vec / 1e9)
     matmul = 0.0
     for n in ((512, 1024) if quick else (1024, 2048)):  # the better of two sizes: BLAS peaks at either

@@ -93,6 +93,21 @@ def test_training_gpt_block_never_above_a_roof_and_saves_files(roof, tmp_path):
     assert "| step |" in open(os.path.join(folder, "report.md")).read()
 
 
+def test_a_kernel_split_over_every_thread_stays_under_the_vector_roof(roof):
+    """layer_norm(gelu(x)) over 65,536 elements is compute-bound and big enough to split across the
+    threads (runtime/cpu.py PARALLEL_MIN_WORK); the vector roof's chains ran over 16,384 elements,
+    on one thread, and such a kernel read 120-150% of it. The roof's chains now split too."""
+    from minicomp.runtime.cpu import PARALLEL_MIN_WORK
+    assert roofline.VECTOR_ELEMENTS["cpu"] >= 2 * PARALLEL_MIN_WORK
+    torch.manual_seed(0)
+    x = torch.randn(256, 256)
+    e = minicomp.explain(lambda x: torch.nn.functional.layer_norm(torch.nn.functional.gelu(x), (256,)), x,
+                         backend="cpu", roofline=roof, reps=10)
+    k, = _only(e, "kernel")
+    assert k.bound == "compute", "\n" + str(e)
+    assert all(r.roof_fraction <= 1.0 for r in _within_roof(e, roof)), "\n" + str(e)
+
+
 def test_copy_kernels_are_named_for_what_they_do():
     """A kernel that only moves data says how: a transposed copy, a broadcast, a copy."""
     c = minicomp.compile(lambda x, b: (x.t().contiguous(), b.expand(4, 8).contiguous(), x.clone()), backend="cpu")
