@@ -6,20 +6,28 @@ result buffer is stored; every loop variable is distinct; every value's operands
 the kernel (a DAG), pointwise ops follow the op table's dtype rules, loads and stores name existing
 buffers of their own dtype (loads only read, stores only write) at indices over the kernel's loop
 variables (an outer store's over the outer ones) that divide only by positive sizes, within the
-buffer where unguarded (bounded over the loops where affine, else exact at the loops' corners); a
-loaded index is an integer; an accumulator is read only after its reduction's stage.
+buffer where unguarded (bounded over the loops where affine; exact at this compile's sizes, over
+every point up to a size, else at the loops' corners); the stores of a result buffer write each of
+its elements once (every point evaluated, up to a size); a loaded index is an integer; an
+accumulator is read only after its reduction's stage.
 An error names the kernel and quotes its line as printed (ir/kernel.py).
 """
 from __future__ import annotations
 
-from . import sym
+import math
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from . import index_values, sym
 from .index import Expr, Var, data_values
 from .kernel import Kernel, KExpr, Reduction
 from .kernel import KERNEL_LEVEL
 from .ops import OPS
 from .types import DTYPES, FLOATS, INTS, TensorType
 
-_IGNORED_BY_INFER = ("guard", "where")  # a kernel's own notes on an op: its checks, not its meaning
+_IGNORED_BY_INFER = ("guard", "where")
+COVER_POINTS = 1 << 20  # loop points past which the stores' cover goes unchecked (a few ms of torch)  # a kernel's own notes on an op: its checks, not its meaning
 
 
 def _size(x) -> bool:
@@ -41,22 +49,6 @@ def _positive(d) -> bool:
     if isinstance(d, sym.Sym):
         return not sym.known(d, "<=", 0)
     return isinstance(d, int) and not isinstance(d, bool) and d > 0
-
-
-def _at(e: Expr, point: dict, sizes: dict):
-    """An index without loaded values at one point (loop variable -> int), sizes at `sizes`; None
-    where a divisor is not positive there."""
-    total = sym.evaluate(e.const, sizes)
-    for a, c in e.terms:
-        if isinstance(a, Var):
-            v = point[a.name]
-        else:
-            inner, d = _at(a.expr, point, sizes), sym.evaluate(a.c, sizes)
-            if inner is None or d <= 0:
-                return None
-            v = inner // d if a.kind == "div" else inner % d
-        total += v * sym.evaluate(c, sizes)
-    return total
 
 
 class KernelChecker:
@@ -92,6 +84,43 @@ class KernelChecker:
         for i, (kind, _) in enumerate(io):
             if kind == "out" and i not in stored:
                 self.fail(f"result buffer b{i} is never stored", k.buffers[i])
+        for i in sorted(stored):
+            self.check_cover(i)
+
+    def check_cover(self, buf: int) -> None:
+        """Every element of result buffer `buf` written exactly once by its stores, their indices
+        evaluated over every point of their loops at the sizes' hints: a store that skips an element
+        leaves whatever the memory held in the output, one that writes an element twice loses a
+        value. Checked where the loops hold at most COVER_POINTS points and no index reads memory."""
+        k, hints = self.k, sym.current().hints
+        stores = [(st, k.outer + k.inner) for st in k.inner_stores if st.buf == buf] + [
+            (st, k.outer) for st in k.outer_stores if st.buf == buf]
+        try:
+            numel = sym.evaluate(k.buffers[buf].numel, hints)
+            grids = [[(v.name, sym.evaluate(v.size, hints)) for v in loops] for _, loops in stores]
+        except KeyError:  # a size without a hint
+            return
+        if sum(math.prod(n for _, n in g) for g in grids) > COVER_POINTS or any(data_values(st.index) for st, _ in stores):
+            return
+        with unset_fake_temporarily():  # real counts, inside a compile's fake mode too
+            self.count_writes(buf, numel, stores, grids, hints)
+
+    def count_writes(self, buf: int, numel: int, stores: list, grids: list, hints: dict) -> None:
+        counts = torch.zeros(numel, dtype=torch.int64)
+        for (st, _), grid in zip(stores, grids):
+            idx = index_values.over(st.index, grid, hints)
+            if idx is None:
+                return
+            idx = idx.reshape(-1)
+            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= numel):
+                self.fail(f"store index reaches [{int(idx.min())}, {int(idx.max())}], outside the buffer's "
+                          f"{numel} elements", st)
+            counts += torch.bincount(idx, minlength=numel)
+        wrong = (counts != 1).nonzero()
+        if wrong.numel():
+            j = int(wrong[0])
+            self.fail(f"element {j} of b{buf} is written {int(counts[j])} times by its stores "
+                      "(each element exactly once)", stores[0][0])
 
     def check_attrs(self) -> None:
         k, a = self.k, self.node.attrs
@@ -142,41 +171,63 @@ class KernelChecker:
                 self.fail(f"a loaded index must be an integer, got {v.dtype}", obj)
 
     def in_range(self, e: Expr, numel: int, what: str, obj) -> None:
+        if data_values(e):
+            return
         if not e.is_affine():
-            if not data_values(e):
-                self.at_corners(e, numel, what, obj)
+            self.at_points(e, numel, what, obj)
             return
         # sym.known, never a comparison: the verifier must not guard (a symbolic size may be 0 at some call)
-        if e.is_affine() and sym.known(numel, ">", 0) and all(sym.known(self.loops[v], ">", 0) for v in e.vars()):
+        if sym.known(numel, ">", 0) and all(sym.known(self.loops[v], ">", 0) for v in e.vars()):
             lo, hi = e.range()  # over symbolic sizes: an error only where it is out of range for every size
             if lo is None or hi is None:
                 return
             if sym.known(lo, "<", 0) or sym.known(hi, ">=", numel) or (
                     isinstance(lo, int) and isinstance(hi, int) and isinstance(numel, int) and (lo < 0 or hi >= numel)):
                 self.fail(f"{what} reaches [{lo}, {hi}], outside the buffer's {numel} elements", obj)
+        if not all(isinstance(x, int) for x in [numel, e.const] + [c for _, c in e.terms]):
+            self.at_points(e, numel, what, obj)  # and exactly at the sizes this compile runs at
 
-    def at_corners(self, e: Expr, numel, what: str, obj) -> None:
-        """An index with divisions or moduli, which bounds by ranges would overstate (3*(i//3) + i%3
-        is i): evaluated exactly where every loop variable it reads is 0, where each alone is at its
-        last value and where all are, at the sizes' hints (what this compile runs at; skipped
-        where a size has none). Each of these points runs, so one outside the buffer is an error."""
+    def at_points(self, e: Expr, numel, what: str, obj) -> None:
+        """The index evaluated exactly at the sizes' hints (what this compile runs at; skipped where
+        a size has none): at every point of the loops it reads where they hold at most COVER_POINTS,
+        else where every loop is 0, where each alone is at its last value and where all are. Bounds
+        over ranges would overstate an index with divisions or moduli (3*(i//3) + i%3 is i), and
+        its extremes need not lie at the corners (i % 5 over i < 8 peaks at 4). Each point runs,
+        so one outside the buffer is an error."""
         hints = sym.current().hints
         try:
-            last = {v: sym.evaluate(self.loops[v], hints) - 1 for v in e.vars()}
+            last = {v: sym.evaluate(self.loops[v], hints) - 1 for v in sorted(e.vars())}
             n = sym.evaluate(numel, hints)
         except (KeyError, TypeError):
             return
         if n <= 0 or any(x < 0 for x in last.values()):
             return
-        zero = dict.fromkeys(last, 0)
-        for point in [zero, last] + [{**zero, v: x} for v, x in last.items()]:
-            try:
-                at = _at(e, point, hints)
-            except KeyError:  # a size in a coefficient or divisor without a hint
+        try:
+            if math.prod(x + 1 for x in last.values()) <= COVER_POINTS:
+                with unset_fake_temporarily():
+                    self.every_point(e, last, n, hints, what, obj)
                 return
-            if at is not None and not 0 <= at < n:
-                where = ", ".join(f"{v}={x}" for v, x in sorted(point.items()))
-                self.fail(f"{what} is {at} at {where or 'every point'}, outside the buffer's {n} elements", obj)
+            zero = dict.fromkeys(last, 0)
+            for point in [zero, last] + [{**zero, v: x} for v, x in last.items()]:
+                at = index_values.at(e, point, hints)
+                if at is not None and not 0 <= at < n:
+                    self.outside(what, at, point, n, obj)
+        except KeyError:  # a size in a coefficient or divisor without a hint
+            return
+
+    def every_point(self, e: Expr, last: dict, n: int, hints: dict, what: str, obj) -> None:
+        idx = index_values.over(e, [(v, x + 1) for v, x in last.items()], hints)
+        if idx is None or idx.numel() == 0:
+            return
+        flat = idx.reshape(-1)
+        pos = int(flat.argmax()) if int(flat.max()) >= n else int(flat.argmin()) if int(flat.min()) < 0 else None
+        if pos is not None:
+            point = dict(zip(last, torch.unravel_index(torch.tensor(pos), idx.shape)))
+            self.outside(what, int(flat[pos]), {v: int(x) for v, x in point.items()}, n, obj)
+
+    def outside(self, what: str, at: int, point: dict, n: int, obj) -> None:
+        where = ", ".join(f"{v}={x}" for v, x in sorted(point.items()))
+        self.fail(f"{what} is {at} at {where or 'every point'}, outside the buffer's {n} elements", obj)
 
     def value(self, root: KExpr, allowed) -> None:
         """Check root and every value it reads (operands first)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import sym
 from .graph import Graph, Node
@@ -146,9 +147,9 @@ def _check_extern_types(n: Node, fail) -> None:
     want = n.type if isinstance(n.type, tuple) and not isinstance(n.type, TensorType) else (n.type,)
     if n.attrs["target"].startswith("higher_order.") or not all(_static(t) for t in [a.type for a in n.args] + list(want)):
         return
-    metas = [torch.empty(a.type.shape, dtype=DTYPES[a.type.dtype], device="meta") for a in n.args]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), unset_fake_temporarily():  # plain meta tensors, inside a compile's fake mode too
+            metas = [torch.empty(a.type.shape, dtype=DTYPES[a.type.dtype], device="meta") for a in n.args]
             got = OPS["extern"].ref(metas, n.attrs, "meta")
     except Exception:  # noqa: BLE001 -- any failure to run on meta leaves the extern unjudged
         return

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from minicomp import backends
-from minicomp.ir import ParseError, VerifyError, interpret, parse, prepare, round_trip, verify
+from minicomp.ir import ParseError, VerifyError, interpret, parse, prepare, round_trip, sym, verify
 from minicomp.ir.index import Expr, Var
 from minicomp.ir.kernel import KExpr, Reduction, walk
 from minicomp.models import Block
@@ -241,6 +241,12 @@ def test_fused_text_verifies_and_interprets():
     ("t0: f32 = load b0[16*i0 + i1]", "t0: f32 = load b0[16*i0 + ((i1 + 16) % 32)]",
      "load index is 143 at i0=7, i1=15, outside the buffer's 128 elements"),
     ("b1[16*i0 + i1] = t5", "b1[16*((i0 + 1) % 9) + i1] = t5", "store index is 143 at i0=7, i1=15"),
+    # ... whose extremes need not lie at the loops' corners: (i1 + 3) % 17 peaks at i1 = 13
+    ("t0: f32 = load b0[16*i0 + i1]", "t0: f32 = load b0[16*i0 + ((i1 + 3) % 17)]",
+     "load index is 128 at i0=7, i1=13, outside the buffer's 128 elements"),
+    # the stores of a result write each element once: one skipped keeps whatever memory held
+    ("b1[16*i0 + i1] = t5", "b1[8*i0 + i1] = t5", "element 8 of b1 is written 2 times by its stores"),
+    ("b1[16*i0 + i1] = t5", "b1[16*i0 + ((i1) // 2)] = t5", "element 0 of b1 is written 2 times by its stores"),
 ])
 def test_verifier_rejects_broken_kernel_text(old, new, message):
     text = broken(old, new)
@@ -277,6 +283,28 @@ def test_an_index_that_regroups_its_loops_is_in_range():
     g = verify(parse(text))
     x = torch.randn(8, 16)
     torch.testing.assert_close(interpret(g, x)[0], F.softmax(x.reshape(16, 8), -1).reshape(8, 16))
+
+
+def test_a_store_that_permutes_its_buffer_verifies():
+    """Rows written rotated by one (16*((i0 + 1) % 8) + i1): every element exactly once, so the
+    cover check takes it, though no affine bound could tell."""
+    g = verify(parse(broken("b1[16*i0 + i1] = t5", "b1[16*((i0 + 1) % 8) + i1] = t5")))
+    x = torch.randn(8, 16)
+    torch.testing.assert_close(interpret(g, x)[0], F.softmax(x, -1).roll(1, 0))
+
+
+def test_an_index_over_sizes_is_checked_at_the_sizes_it_runs_at():
+    """16*i0 + i1 + (s0 - 2) stays inside x's 16*s0 elements at s0 = 2, so no range over sizes can
+    refuse it; at the hint this compile runs at (s0 = 6) it reads element 99 of 96."""
+    text = SOFTMAX.replace("f32[8,", "f32[s0,").replace("{\n", "{\n  sizes s0 in 2.. hint 6\n", 1)
+    g = parse(text)
+    with sym.scope(g.sizes):
+        fused = str(compile_text(text)[0])
+    assert "load b0[16*i0 + i1]" in fused
+    verify(parse(fused))
+    bad = parse(fused.replace("load b0[16*i0 + i1]", "load b0[16*i0 + i1 + {s0 - 2}]"))
+    with pytest.raises(VerifyError, match="load index is 99 at i0=5, i1=15, outside the buffer's 96 elements"):
+        verify(bad)
 
 
 def test_verifier_names_the_line_after_earlier_kernels():
