@@ -26,8 +26,8 @@ from .kernel import KERNEL_LEVEL
 from .ops import OPS
 from .types import DTYPES, FLOATS, INTS, TensorType
 
-_IGNORED_BY_INFER = ("guard", "where")
-COVER_POINTS = 1 << 20  # loop points past which the stores' cover goes unchecked (a few ms of torch)  # a kernel's own notes on an op: its checks, not its meaning
+_IGNORED_BY_INFER = ("guard", "where")  # a kernel's own notes on an op: its checks, not its meaning
+COVER_POINTS = 1 << 20  # loop points past which an index is evaluated at corners, a cover not at all
 
 
 def _size(x) -> bool:
