@@ -254,7 +254,7 @@ class Executor:
         self.arena = arena
         self.arena_range = (arena.data_ptr(), arena.data_ptr() + p.arena_bytes) if arena is not None else None
         self.template = template
-        self.source = self.traced_source = ""  # the generated calls' text (tests compare them)
+        self.source = self.traced_source = self.phased_source = ""  # the generated calls' text (tests compare them)
         self.run = self._generate()
         self._traced = None
 
@@ -343,18 +343,20 @@ class Executor:
                 break
             if k in first:
                 groups.append(("output allocation", first[k]))
-            body = step.emit(k, v, ns) + ([f"del {', '.join(f's{x}' for x in last[k])}"] if k in last else [])
+            emitted = step.emit(k, v, ns)
+            dels = [f"del {', '.join(f's{x}' for x in last[k])}"] if k in last else []
+            if phased is not None and hasattr(step, "slots"):  # a launch: its pointer lines, then its call
+                groups += [("pointer binding", emitted[:-1]), ("kernels", emitted[-1:] + dels)]
+                continue
+            body = emitted + dels
             if timer is not None:
                 ns[f"D{k}"] = timer
                 body = ["t = clock()", *body, f"D{k}(clock() - t)"]
             if traced:
                 ns[f"N{k}"] = p.names[k]
                 body = [f"with record_function(N{k}):", *("    " + line for line in body)]
-            if phased is not None and hasattr(step, "slots"):  # a launch: its pointer lines, then its call
-                groups += [("pointer binding", body[:-1]), ("kernels", body[-1:])]
-            else:
-                groups.append(("views" if isinstance(step, AsStrided) else "kernels" if hasattr(step, "slots")
-                               else "torch calls", body))
+            groups.append(("views" if isinstance(step, AsStrided) else "kernels" if hasattr(step, "slots")
+                           else "torch calls", body))
         outs = ["None" if o is None else v(o) for o in p.outputs]
         tail = []
         if self.arena_range is not None:  # never hand out memory the next call overwrites
@@ -381,6 +383,7 @@ class Executor:
         if phased is not None:
             phased[:] = [0.0] * len(phases)
             ns["ACC"] = phased
+            self.phased_source = source
         elif traced:
             self.traced_source = source
         else:

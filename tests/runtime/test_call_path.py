@@ -84,6 +84,27 @@ def test_the_breakdown_measures_every_layer_and_leaves_the_call_as_it_was():
         assert c.report().runs[0].primary().run.__name__ == "run"
 
 
+def test_the_breakdown_counts_each_launch_as_kernels_when_a_slot_dies_after_it():
+    """Between torch calls each kernel launches on its own; when its launch is the last use of a
+    value the call drops that value after it (`del`). The phased twin put the `del` last and the
+    launch among the pointer lines, so a layer_norm kernel's 20 us read as pointer binding."""
+    import torch.nn.functional as F
+    f = lambda x, w1, w2: (F.layer_norm(F.gelu(x @ w1), (32,)) @ w2).relu()  # noqa: E731
+    x, w1, w2 = torch.randn(8, 16), torch.randn(16, 32), torch.randn(32, 4)
+    c = minicomp.compile(f, backend="cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(c(x, w1, w2), f(x, w1, w2))
+        ex = c.report().runs[0].primary()
+        run, _, _ = ex.phased()
+        lines = ex.phased_source.splitlines()
+        closes = {i: int(ln.split("ACC[")[1].split("]")[0]) for i, ln in enumerate(lines) if "ACC[" in ln}
+        launches = [i for i, ln in enumerate(lines) if ln.strip().startswith("R") and "(K" in ln]
+        assert launches and "del " in ex.phased_source
+        for i in launches:  # the phase a launch's line is timed in: the first clock read after it
+            assert closes[min(j for j in closes if j > i)] == run.phases["kernels"], ex.phased_source
+        torch.testing.assert_close(run(x, w1, w2)[0], f(x, w1, w2))
+
+
 def test_profiled_and_traced_calls_take_the_one_native_call_apart(monkeypatch):
     """Per-step timers and a torch.profiler trace see each kernel: such calls run step by step."""
     from torch.profiler import ProfilerActivity, profile
