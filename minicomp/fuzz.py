@@ -340,7 +340,7 @@ def run_one(seed: int, backend: str) -> tuple[str, str, str | None]:
         return "crash", src, "".join(traceback.format_exception_only(type(e), e)).strip()[:2000]
     why = compare(got, want, "output", coarsest) or compare(got_grads, want_grads, "grad", coarsest)
     if why and ("max error" in why or "elements differ" in why):  # a float, or an int rounded from one
-        weights = [o.dtype for o in want if o is not None and o.requires_grad]  # the float64 runs draw the same
+        weights = [o.dtype for o in want if o is not None and o.requires_grad]  # both float64 runs draw eager's weights
         try:  # the same program in float64, and again on inputs moved by one rounding each (fuzz_judge.py)
             wide = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x.clone()
                     for x in inputs]
