@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from . import sym, sym_values
-from .index import Expr, Var
+from . import index_values, sym, sym_values
+from .index import Expr
 from .kernel import Kernel, KExpr
 from .scalar import SCALAR
 from .types import DTYPES
@@ -39,19 +39,8 @@ class _Eval:
         return sym.evaluate(x, self.sizes) if isinstance(x, sym.Sym) else x
 
     def index(self, e: Expr):
-        n = self.n
-        total = torch.full([1] * self.ndim, n(e.const), dtype=torch.int64, device=self.device)
-        for atom, c in e.terms:
-            if isinstance(atom, Var):
-                v = self.grid[atom.name]
-            elif atom.kind == "data":
-                v = self.value(atom.c).to(torch.int64)
-            else:
-                inner = self.index(atom.expr)
-                d = n(atom.c)
-                v = torch.div(inner, d, rounding_mode="floor") if atom.kind == "div" else inner % d
-            total = total + v * n(c)
-        return total
+        return index_values.grid(e, self.grid, self.sizes, self.ndim, self.device,
+                                 lambda c: self.value(c).to(torch.int64))
 
     # what the scalar table's references (ir/scalar.py) read from the evaluation
     def buf(self, i: int):

@@ -36,14 +36,6 @@ def _size(x) -> bool:
     return isinstance(x, (int, sym.Sym)) and not isinstance(x, bool) and not sym.known(x, "<", 0)
 
 
-def _atoms(e: Expr):
-    """Every atom of an index, those inside its divisions and moduli too."""
-    for a, _ in e.terms:
-        yield a
-        if not isinstance(a, Var) and a.kind in ("div", "mod"):
-            yield from _atoms(a.expr)
-
-
 def _positive(d) -> bool:
     """A divisor that may be right: an int > 0, or a size not surely <= 0."""
     if isinstance(d, sym.Sym):
@@ -156,7 +148,7 @@ class KernelChecker:
     def check_index(self, e: Expr, allowed, obj) -> None:
         if not isinstance(e, Expr):
             self.fail(f"index {e!r} is not an index expression", obj)
-        for a in _atoms(e):
+        for a in index_values.atoms(e):
             if isinstance(a, Var) and (a.name not in self.loops or self.loops[a.name] != a.size):
                 self.fail(f"index uses {a.name} (size {a.size}), which is not a loop variable of the kernel", obj)
             if not isinstance(a, Var) and a.kind in ("div", "mod") and not _positive(a.c):
