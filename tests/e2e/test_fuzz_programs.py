@@ -147,3 +147,26 @@ def test_a_cancellation_eager_happened_to_sum_exactly_is_judged_by_rounding():
     moved = fuzz_judge.nudged([x, torch.tensor([1, 2])], seed=0)
     assert moved[0].dtype == torch.float64 and moved[1].dtype == torch.int64
     assert (moved[0][:2] / x[:2].double() - 1).abs().max() <= torch.finfo(torch.float32).eps
+
+
+def test_an_integer_at_a_tie_an_intermediate_rounding_decides_is_no_finding():
+    """Seed 1550714 rounds tanh(v) * 100 to an integer, v an f16 log_softmax: eager rounds v to f16
+    after each op (-0.15588) and gets -15, minicomp's kernel rounds once (-0.15625) and gets -16,
+    float64 -15 (from -15.497). Moving the inputs by a rounding cannot reach the tie; float64 runs
+    that round after each op (fuzz_judge.rounding_each_op) give -15 and -16 there. An integer
+    outside the range those runs span is still a finding."""
+    torch._dynamo.reset()
+    outcome, src, why = fuzz.run_one(1550714, "cpu")
+    assert outcome == "ok", f"{outcome}: {why}\n{src}"
+    want, ref = [torch.tensor([-15, 3])], [torch.tensor([-15, 3])]
+    rounded = [[torch.tensor([-16, 3])], [torch.tensor([-15, 3])]]
+    assert fuzz_judge.as_close_as_eager([torch.tensor([-16, 3])], want, ref, rounded=rounded)
+    assert not fuzz_judge.as_close_as_eager([torch.tensor([-16, 3])], want, ref)
+    assert not fuzz_judge.as_close_as_eager([torch.tensor([-17, 3])], want, ref, rounded=rounded)
+    assert not fuzz_judge.as_close_as_eager([torch.tensor([-15, 4])], want, ref, rounded=rounded)
+    # exact ops keep their values: a rounded value moved off its integer would truncate to the next
+    x = torch.tensor([-0.156231, 2.5], dtype=torch.float64)
+    with fuzz_judge.rounding_each_op(torch.finfo(torch.float16).eps, seed=0):
+        r = (torch.tanh(x) * 100).round()
+        moved = torch.tanh(x)
+    assert torch.equal(r, r.round()) and (moved / torch.tanh(x) - 1).abs().max() <= torch.finfo(torch.float16).eps
