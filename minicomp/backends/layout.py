@@ -25,8 +25,9 @@ from ..ir import DTYPES, OPS, Node, TensorType, sym_values
 
 CONTIGUOUS_TORCH_OPS = ("mm", "bmm", "conv_cl")  # torch ops whose result is always a new contiguous tensor
 # torch ops whose first n operands must be buffers in their own type's order, not views of another
-# layout (conv_cl's [N,H,W,C] input and weight: a kernel writes them so)
-ORDERED_OPERANDS = {"conv_cl": 2}
+# layout (conv_cl's [N,H,W,C] input and weight, conv_backward_cl's grad_output and input: a kernel
+# writes them so)
+ORDERED_OPERANDS = {"conv_cl": 2, "conv_backward_cl": 2}
 
 
 def meta_of(node: Node):

@@ -30,7 +30,7 @@ from . import graph_cache
 from .debug import Dumper, Progress
 from .frontend import lower, size_positions, tensor_positions
 from .input_views import input_views, share_bases, with_input_views
-from .output_layout import laid_out
+from .output_layout import laid_out, nhwc_positions
 from .sizes import size_env as _size_env, symbolic as _symbolic
 from .pipeline import gc_paused, run_passes
 from .training import make_partition
@@ -162,7 +162,7 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
     name = f"{kind}_{next(_names)}"
     backend = resolve_backend(options.backend, "cuda" if "cuda" in devices else "cpu")
     ctx = make_context(options, name, backend, report)
-    ctx.channels_last = kind == "inference" and "cuda" not in devices  # oneDNN's layout; cuDNN's is untried here
+    ctx.channels_last = "cuda" not in devices  # oneDNN's layout; cuDNN's is untried here
     progress = Progress(name)
     hidden = 0  # outputs share_bases added
     if isinstance(cached, Built):
@@ -226,8 +226,11 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
     if sizes:
         run = _outside_sizes_in_torch(run, gm, report, name)
     run = with_input_views(run, gm, laid_out(kind, gm), hidden)
+    permuted = nhwc_positions(gm)  # a backward's saved [N,H,W,C] inputs (output_layout.py)
 
     def boxed(args):
+        for i, dims in permuted.items():
+            args[i] = args[i].permute(dims)
         out = run(*args)
         args.clear()  # boxed convention: drop our references to the inputs early
         return out

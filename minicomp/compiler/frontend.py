@@ -25,7 +25,7 @@ from ..ir.types import dim
 from . import lower_index, lower_nn, lower_pointwise, lower_pool, lower_reduce, lower_view  # noqa: F401
 from .lowering import LOWERINGS, Builder, Unsupported
 from .input_views import view_bases
-from .output_layout import in_eager_layout
+from .output_layout import NHWC, in_eager_layout, in_nhwc, nhwc_input, nhwc_saved
 
 log = logging.getLogger("minicomp")
 # an IR value is a logical tensor (a clone before it may be gone): an extern view runs as reshape
@@ -179,6 +179,7 @@ class Lowerer:
 
     def run(self) -> Graph:
         inputs, constants, outputs, sizes_out = [], {}, [], {}
+        saved_nhwc = nhwc_saved(self.gm)
         for node in self.gm.graph.nodes:
             val = node.meta.get("val")
             if node.op != "placeholder":
@@ -193,9 +194,12 @@ class Lowerer:
             if node.op == "placeholder":
                 if node in self.env:
                     continue
-                n = Node("input", (), type=TensorType.of(node.meta["val"]), name=node.name)
+                t = TensorType.of(node.meta["val"])
+                nhwc = node.name in saved_nhwc and t.ndim == 4  # the caller passes it permuted (output_layout.py)
+                n = Node("input", (), type=TensorType(tuple(t.shape[d] for d in NHWC), t.dtype) if nhwc else t,
+                         name=node.name)
                 inputs.append(n)
-                self.env[node] = n
+                self.env[node] = nhwc_input(self.b, n) if nhwc else n
             elif node.op == "get_attr":
                 t = getattr(self.gm, node.target)
                 with unset_fake_temporarily():  # AOTAutograd calls us inside its fake mode
@@ -217,6 +221,11 @@ class Lowerer:
                     if outputs[i] is not None and isinstance(node.args[0][i], fx.Node):
                         self.b.meta = {"source": source_line(node.args[0][i]), "fx": node.args[0][i].name}
                         outputs[i] = in_eager_layout(self.b, node.args[0][i], outputs[i])
+                for i, fx_out in enumerate(node.args[0]):
+                    if isinstance(fx_out, fx.Node) and fx_out.name in saved_nhwc and outputs[i] is not None \
+                            and outputs[i].type.ndim == 4 and i not in laid:
+                        self.b.meta = {"source": source_line(fx_out), "fx": fx_out.name}
+                        outputs[i] = in_nhwc(self.b, outputs[i])
                 sizes_out = {i: o for i, o in enumerate(values) if isinstance(o, sized) and not isinstance(o, bool)}
             else:
                 raise MinicompError(f"unexpected fx node {node.op} {node.target}")

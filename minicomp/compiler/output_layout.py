@@ -16,6 +16,15 @@ permutation (a slice's, an expand's) and values that are inputs or constants kee
 result of before. Symbolic strides count when they are dense as expressions, in the order their
 hints give. A training forward's saved values keep the layout the backward reads, except one that
 an output of the user's is a view of (input_views.view_bases).
+
+Channels-last saved values (CPU training): a value the forward's convolution reads, or a
+convolution's result, saved for the backward, crosses in [N,H,W,C] order, as oneDNN wants it on
+both sides. The partition (training.py) names those values in both graphs' meta (NHWC_SAVED). The
+forward lays such an output out like an eager channels-last output (the permuted view of a copy
+its kernel writes; passes/channels_last.py hands a convolution's own [N,H,W,C] result out instead
+of copying it); the backward takes that input as an [N,H,W,C] input viewed back (`nhwc_input`;
+the caller permutes the tensor it passes: `nhwc_positions`), so its convolution backward reads
+the saved buffer as it is. Were the tensor laid out otherwise, the program's input check copies it.
 """
 from __future__ import annotations
 
@@ -25,6 +34,9 @@ from ..ir import Node
 
 USER_OUTPUTS = "minicomp_user_outputs"  # GraphModule.meta key: how many of a training forward's
                                         # outputs AOTAutograd hands back (the rest are saved values)
+NHWC_SAVED = "minicomp_nhwc_saved"      # GraphModule.meta key: fx names of the saved values that cross
+                                        # in [N,H,W,C] order (forward outputs, backward inputs)
+NHWC, NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
 
 
 def laid_out(kind: str, gm) -> int | None:
@@ -76,8 +88,34 @@ def _same(a, b) -> bool:
 
 def is_layout_view(node: Node) -> bool:
     """Whether graph output `node` is the permuted view of a copy that this module made (or a user's
-    x.clone().permute(...)): handed out as a view of the copy's buffer."""
-    return node.op == "permute" and node.args[0].op == "copy"
+    x.clone().permute(...)), or of a channels-last convolution's new [N,H,W,C] result: handed out
+    as a view of that buffer."""
+    return node.op == "permute" and node.args[0].op in ("copy", "conv_cl")
+
+
+def nhwc_saved(gm) -> frozenset:
+    """The fx names of the saved values a training graph takes or gives in [N,H,W,C] order."""
+    return gm.meta.get(NHWC_SAVED, frozenset())
+
+
+def nhwc_input(b, node: Node) -> Node:
+    """A backward's [N,H,W,C] input `node` (its type already in that order) as the [N,C,H,W] value
+    the graph computes with."""
+    return b.emit("permute", node, dims=NCHW)
+
+
+def in_nhwc(b, value):
+    """A saved output handed to the backward in [N,H,W,C] order: [N,C,H,W] in type, a permuted
+    view of the buffer a kernel writes in that order."""
+    if not isinstance(value, Node) or value.op in ("input", "constant") or is_layout_view(value):
+        return value
+    return b.emit("permute", b.emit("copy", b.emit("permute", value, dims=NHWC)), dims=NCHW)
+
+
+def nhwc_positions(gm) -> dict:
+    """{placeholder position: NHWC} for the inputs a backward takes in [N,H,W,C] order."""
+    names = nhwc_saved(gm)
+    return {i: NHWC for i, n in enumerate(gm.graph.find_nodes(op="placeholder")) if n.name in names} if names else {}
 
 
 def in_eager_layout(b, fx_out, value):

@@ -30,8 +30,9 @@ from ..options import Options
 from ..report import PartitionReport, Report
 from .debug import Dumper
 from .frontend import Lowerer
-from .output_layout import USER_OUTPUTS
+from .output_layout import NHWC_SAVED, USER_OUTPUTS
 from .passes import partition
+from .passes.channels_last import saved_nhwc as channels_last_saved
 from .passes.fusion_order import fusion_order
 from .pipeline import gc_paused
 from .schedule import runs_in_torch
@@ -219,9 +220,11 @@ def make_partition(options: Options, report: Report, kernel_ops_for):
             try:
                 guards: list = []
                 env, sizes = size_env(_flat(joint_inputs), guards) if symbolic(_flat(joint_inputs)) else (None, {})
+                tensors = [x for x in _flat(joint_inputs) if isinstance(x, torch.Tensor)]
                 with sym.using(env) if env is not None else contextlib.nullcontext(), gc_paused():
                     return run(joint, num_fwd_outputs, options, report, kernel_ops_for(joint_inputs),
-                               _static_nodes(joint, static_lifetime_input_indices), sizes)
+                               _static_nodes(joint, static_lifetime_input_indices), sizes,
+                               channels_last=all(x.device.type == "cpu" for x in tensors))
             except MinicompError as e:
                 if "remat_budget" in str(e):
                     raise
@@ -236,8 +239,10 @@ def _flat(joint_inputs) -> list:
 
 
 def run(joint: fx.GraphModule, num_fwd_outputs: int, options: Options, report: Report, kernel_ops,
-        static_nodes=frozenset(), sizes=None):
-    """Cut `joint` with the min cut; returns AOTAutograd's (forward module, backward module)."""
+        static_nodes=frozenset(), sizes=None, channels_last: bool = False):
+    """Cut `joint` with the min cut; returns AOTAutograd's (forward module, backward module).
+    `channels_last`: the graphs run on CPU, where saved convolution inputs and results cross in
+    [N,H,W,C] order (output_layout.py)."""
     t0 = time.perf_counter()
     name = f"joint_{next(_names)}"
     dump = Dumper(options, name)
@@ -276,6 +281,9 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, options: Options, report: R
         time.perf_counter() - t0))
     dump.summary(str(report.partitions[-1]))
     fw.meta[USER_OUTPUTS] = num_fwd_outputs  # the outputs AOTAutograd hands back (output_layout.py)
+    if channels_last:
+        fw.meta[NHWC_SAVED] = bw.meta[NHWC_SAVED] = frozenset(
+            fx_of(n).name for n in channels_last_saved(graph, ours.saved) if fx_of(n) is not None)
     return fw, bw
 
 

@@ -376,6 +376,38 @@ def _conv_cl_infer(ts, a):
 _add("conv_cl", "matmul", _conv_cl_infer, _conv_cl_ref, _conv_flops, None,
      ("stride", "padding", "dilation", "transposed", "output_padding", "groups"))
 
+
+def _conv_backward_cl_ref(xs, a, device):
+    """A 2-d convolution's backward on channels-last data (passes/channels_last.py): grad_output
+    [N,H',W',O], input [N,H,W,C], weight [O,C/groups,kh,kw] -> (grad_input [N,H,W,C], grad_weight,
+    grad_bias) as `output_mask` asks, new and contiguous (oneDNN's grad_input is in that order)."""
+    g, x, w = xs[0].permute(0, 3, 1, 2), xs[1].permute(0, 3, 1, 2), xs[2]
+    mask = list(a["output_mask"])
+    gi, gw, gb = torch.ops.aten.convolution_backward(
+        g, x, w, [w.shape[0]] if mask[2] else None, list(a["stride"]), list(a["padding"]), list(a["dilation"]),
+        False, [0] * len(a["stride"]), a["groups"], mask)
+    return (gi.permute(0, 2, 3, 1).contiguous() if mask[0] else None, gw.contiguous() if mask[1] else None,
+            gb.contiguous() if mask[2] else None)
+
+
+def _conv_backward_cl_infer(ts, a):
+    if len(ts) != 3 or any(len(t.shape) != 4 for t in ts) or len({t.dtype for t in ts}) != 1:
+        raise TypeError(f"conv_backward_cl of {', '.join(map(str, ts))}: wants [N,H',W',O], [N,H,W,C] and "
+                        "[O,C,kh,kw] of one dtype")
+    x, w = ts[1], ts[2]
+    nchw = TensorType((x.shape[0], x.shape[3], x.shape[1], x.shape[2]), x.dtype)
+    out = _conv_infer([nchw, w], {**a, "transposed": False, "output_padding": (0,) * len(a["stride"])})
+    if (out.shape[0], out.shape[2], out.shape[3], out.shape[1]) != tuple(ts[0].shape):
+        raise TypeError(f"conv_backward_cl: grad_output {ts[0]} is not the [N,H',W',O] of the convolution of "
+                        f"{x} by {w}")
+    mask = a["output_mask"]
+    return (x if mask[0] else None, w if mask[1] else None, TensorType((w.shape[0],), w.dtype) if mask[2] else None)
+
+
+_add("conv_backward_cl", "matmul", _conv_backward_cl_infer, _conv_backward_cl_ref,
+     lambda out, ins, a: 2 * 2 * ins[0].numel * math.prod(ins[2].shape[1:]), None,
+     ("stride", "padding", "dilation", "groups", "output_mask"))
+
 # ---- extern: any ATen op without a lowering runs through torch --------------------------------------------
 
 

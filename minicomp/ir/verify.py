@@ -80,6 +80,7 @@ _ATTR_KINDS = {
     "output_padding": ("a tuple of sizes", _seq(lambda v: _size(v) and not sym.known(v, "<", 0))),
     "groups": ("an int >= 1", lambda v: _int(v) and v >= 1),
     "transposed": ("true or false", lambda v: isinstance(v, bool)),
+    "output_mask": ("three of true or false", lambda v: _seq(lambda x: isinstance(x, bool))(v) and len(v) == 3),
     "target": ("an operator name", lambda v: isinstance(v, str)),
     "args": ("a list of arguments", lambda v: isinstance(v, (tuple, list))),
     "index": ("an int", _int),
