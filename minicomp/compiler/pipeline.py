@@ -2,10 +2,11 @@
 and dumps. What is listed here is exactly what runs.
 
 `interpret` runs the tensor-level graph op by op, so it gets the tensor passes only; a backend with
-kernels (cpu, cuda, cuda_emu) also puts CPU inference convolutions in channels-last (their input
-is a buffer its kernels write in that order), splits large reductions, moves a matmul operand's
-transpose outside the reshape a kernel writes (orient_operands), fuses (rematerialization included: one
-stage, whose result is the fused graph) and plans the arena.
+kernels (cpu, cuda, cuda_emu) also puts CPU convolutions, their backward and the pointwise ops
+around them in channels-last (their input is a buffer its kernels write in that order), splits
+large reductions, moves a matmul operand's transpose outside the reshape a kernel writes
+(orient_operands), fuses (rematerialization included: one stage, whose result is the fused graph)
+and plans the arena.
 """
 from __future__ import annotations
 

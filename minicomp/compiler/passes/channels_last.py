@@ -25,7 +25,7 @@ came, the gradient written so by the kernel computing it), whose input gradient 
 order. A pointwise op reading such a buffer through its permute computes in [N,H,W,C] order too
 (`sink`), so the kernels between convolutions (batch norm, ReLU, residual adds and their
 backwards) read and write one layout: mixed, their loops ran across the other layout's rows and
-the convnet's training step was 1.17x the [N,C,H,W] one's; as one, 0.90x (this CPU). A
+the convnet's training step was 1.17x the [N,C,H,W] one's; as one, 0.90-0.95x (this CPU). A
 convolution output the graph returns keeps eager's contiguous layout (a copy of it).
 
 Assumes: the tensor passes have run (it runs before fusion); ctx.channels_last says whether the
