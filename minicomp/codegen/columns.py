@@ -86,8 +86,8 @@ def emit_columns(cg, first_range) -> None:
 
         def init(slots):
             for r, acc, nan in slots:
-                init = cg.init_value(r)
-                b.store(b.fpext(init, F64) if _wide(r) else init, acc)
+                v = cg.init_value(r)
+                b.store(b.fpext(v, F64) if _wide(r) else v, acc)
                 b.store(I1(0), nan)
 
         def accumulate(slots):

@@ -25,7 +25,7 @@ from ..ir.types import dim
 from . import lower_index, lower_nn, lower_pointwise, lower_pool, lower_reduce, lower_view  # noqa: F401
 from .lowering import LOWERINGS, Builder, Unsupported
 from .input_views import view_bases
-from .output_layout import NHWC, in_eager_layout, in_nhwc, nhwc_input, nhwc_saved
+from .output_layout import NHWC, in_eager_layout, in_nhwc, nhwc_input, nhwc_saved, permuted
 
 log = logging.getLogger("minicomp")
 # an IR value is a logical tensor (a clone before it may be gone): an extern view runs as reshape
@@ -196,8 +196,7 @@ class Lowerer:
                     continue
                 t = TensorType.of(node.meta["val"])
                 nhwc = node.name in saved_nhwc and t.ndim == 4  # the caller passes it permuted (output_layout.py)
-                n = Node("input", (), type=TensorType(tuple(t.shape[d] for d in NHWC), t.dtype) if nhwc else t,
-                         name=node.name)
+                n = Node("input", (), type=permuted(t, NHWC) if nhwc else t, name=node.name)
                 inputs.append(n)
                 self.env[node] = nhwc_input(self.b, n) if nhwc else n
             elif node.op == "get_attr":

@@ -93,6 +93,11 @@ def is_layout_view(node: Node) -> bool:
     return node.op == "permute" and node.args[0].op in ("copy", "conv_cl")
 
 
+def permuted(t, dims):
+    """TensorType t with its dims in the order `dims`."""
+    return type(t)(tuple(t.shape[d] for d in dims), t.dtype)
+
+
 def nhwc_saved(gm) -> frozenset:
     """The fx names of the saved values a training graph takes or gives in [N,H,W,C] order."""
     return gm.meta.get(NHWC_SAVED, frozenset())

@@ -34,7 +34,7 @@ graph's torch ops run on CPU. Guarantees: the graph computes the same values.
 from __future__ import annotations
 
 from ...ir import OPS, Graph, Node, TensorType
-from ..output_layout import NCHW, NHWC
+from ..output_layout import NCHW, NHWC, permuted
 from . import dce
 
 CONV_BACKWARD = "aten.convolution_backward.default"
@@ -103,6 +103,12 @@ def run(graph: Graph, ctx=None) -> Graph:
         nodes.append(n)
         return n
 
+    def view_back(v, z, meta):
+        """v's readers read [N,H,W,C] buffer z through a permute (which a conv reads as z)."""
+        replace[v] = back = node("permute", (z,), {"dims": NCHW}, v.type, meta)
+        nhwc[back] = z
+        return back
+
     def layout(v, meta):
         if v in nhwc:
             return
@@ -111,14 +117,12 @@ def run(graph: Graph, ctx=None) -> Graph:
             nodes.extend((c.args[0], c))
             moved.update((c.args[0], c))
             if _kernel_value(v):  # its other readers read that buffer too
-                replace[v] = back = node("permute", (c,), {"dims": NCHW}, v.type, meta)
-                nhwc[back] = c
+                view_back(v, c, meta)
             return
-        nhwc[v] = node("permute", (v,), {"dims": NHWC}, _permuted(v.type, NHWC), meta)
+        nhwc[v] = node("permute", (v,), {"dims": NHWC}, permuted(v.type, NHWC), meta)
         if _kernel_value(v) and (v in outputs or any(u not in convs and u not in backs for u in users[v])):
             # its other readers read the [N,H,W,C] buffer through a permute: the value is stored once
-            replace[v] = back = node("permute", (nhwc[v],), {"dims": NCHW}, v.type, meta)
-            nhwc[back] = nhwc[v]
+            view_back(v, nhwc[v], meta)
 
     def backward(n):
         """conv_backward_cl over n's grad_output and input in [N,H,W,C] order (its results for n's)."""
@@ -126,7 +130,7 @@ def run(graph: Graph, ctx=None) -> Graph:
         attrs = {"stride": tuple(args[4]), "padding": tuple(args[5]), "dilation": tuple(args[6]),
                  "groups": args[9], "output_mask": tuple(bool(m) for m in args[10])}
         g, x, w = n.args[:3]
-        t = (_permuted(x.type, NHWC) if attrs["output_mask"][0] else None, *n.type[1:])
+        t = (permuted(x.type, NHWC) if attrs["output_mask"][0] else None, *n.type[1:])
         backs[n] = node("conv_backward_cl", (nhwc[g], nhwc[x], w), attrs, t, n.meta)
 
     def sink(n) -> bool:
@@ -146,13 +150,12 @@ def run(graph: Graph, ctx=None) -> Graph:
                 args.append(a)
             else:
                 if a.type.ndim < 4:  # broadcast from the right: the same as its 4-d reshape
-                    a = node("reshape", (a,), {"shape": (1,) * (4 - a.type.ndim) + tuple(a.type.shape)},
-                             TensorType((1,) * (4 - a.type.ndim) + tuple(a.type.shape), a.type.dtype), n.meta)
-                args.append(node("permute", (a,), {"dims": NHWC}, _permuted(a.type, NHWC), n.meta))
-        z = node(n.op, tuple(args), dict(n.attrs), _permuted(n.type, NHWC), n.meta)
-        replace[n] = back = node("permute", (z,), {"dims": NCHW}, n.type, n.meta)
-        nhwc[back] = z
+                    shape = (1,) * (4 - a.type.ndim) + tuple(a.type.shape)
+                    a = node("reshape", (a,), {"shape": shape}, TensorType(shape, a.type.dtype), n.meta)
+                args.append(node("permute", (a,), {"dims": NHWC}, permuted(a.type, NHWC), n.meta))
+        view_back(n, node(n.op, tuple(args), dict(n.attrs), permuted(n.type, NHWC), n.meta), n.meta)
         return True
+
     for x in graph.inputs:
         if x in need:
             layout(x, {})
@@ -164,9 +167,9 @@ def run(graph: Graph, ctx=None) -> Graph:
         n.args = tuple(replace.get(a, a) for a in n.args)
         if n in convs:
             z = node("conv_cl", (nhwc[n.args[0]], nhwc[n.args[1]], *n.args[2:]), dict(n.attrs),
-                     _permuted(n.type, NHWC), n.meta)
-            replace[n] = y = node("permute", (z,), {"dims": NCHW}, n.type, n.meta)
-            nhwc[y] = convert[n] = z  # a conv reading this one's result reads it as it is
+                     permuted(n.type, NHWC), n.meta)
+            view_back(n, z, n.meta)  # a conv reading this one's result reads it as it is
+            convert[n] = z
             continue
         if n in backs:
             backward(n)
@@ -174,8 +177,7 @@ def run(graph: Graph, ctx=None) -> Graph:
         if n.op == "getitem" and n.args[0] in backs:  # grad_input comes in [N,H,W,C] order: viewed back
             new = node("getitem", (backs[n.args[0]],), dict(n.attrs), backs[n.args[0]].type[n.attrs["index"]], n.meta)
             if n.attrs["index"] == 0:
-                replace[n] = back = node("permute", (new,), {"dims": NCHW}, n.type, n.meta)
-                nhwc[back] = new  # a convolution backward reading it reads it as it is
+                view_back(n, new, n.meta)  # a convolution backward reading it reads it as it is
             else:
                 replace[n] = new
             continue
@@ -198,7 +200,3 @@ def run(graph: Graph, ctx=None) -> Graph:
         outs.append(new)
     graph.outputs = outs
     return dce.run(graph)  # a saved conv result's permute, its copy replaced
-
-
-def _permuted(t: TensorType, dims) -> TensorType:
-    return TensorType(tuple(t.shape[d] for d in dims), t.dtype)
