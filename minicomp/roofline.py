@@ -16,7 +16,10 @@ timed -- so a kernel is judged against what the same mechanism achieves at its b
 Bandwidth depends on where the data lives (caches, then DRAM), so it is measured per working-set
 size and a kernel is compared with the class at or above its own size: a 200 KB kernel is not
 held to DRAM speed it never needed. Roofs take the fastest of many samples (an optimistic roof:
-a kernel below it is really below it). Cached per machine, backend, thread count and version.
+a kernel below it is really below it), taken in rounds over all the programs, so that a burst of
+load on a shared machine cannot sink one figure alone; what no memory system does -- a read slower
+than a copy, a smaller working set slower than a larger one -- is mended upward, never downward.
+Cached per machine, backend, thread count and version.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ GPU_SIZES = (1 << 22, 1 << 25, 1 << 28, 1 << 30)
 # past PARALLEL_MIN_WORK (runtime/cpu.py, 32768), so they run on every thread as a kernel that size
 # does (16384 elements ran on one, and 2-thread kernels read 120-150% of that roof); on a GPU, every SM
 VECTOR_ELEMENTS = {"cpu": 1 << 17, "cuda": 1 << 22}
-VERSION = "roofline-2"
+VERSION = "roofline-3"
 
 
 @dataclass
@@ -89,20 +92,40 @@ def machine(device: str) -> str:
     return f"{model}, {torch.get_num_threads()} threads"
 
 
-def _best_step(fn, inputs, reps: int, backend: str, kind: str = "kernel") -> tuple[float, object]:
-    """(the time of fn's first `kind` step at its best -- its fastest of `reps` calls: a roof is the
-    best the machine did, and a busy neighbour only ever makes a sample slower -- and its report)."""
+def _program(fn, inputs, backend: str, kind: str):
+    """fn compiled with profiling on, called once, and its first `kind` step (samples cleared)."""
     import minicomp
     from minicomp.options import Options
     options = dataclasses.replace(Options.make(backend=backend, cuda_graphs=False), profile=True)
     compiled = minicomp.CompiledModule(fn, options)
     with torch.no_grad():
         compiled(*inputs)
-        step = next(s for s in compiled.report().steps if s.kind == kind)
-        step.samples.clear()
+    step = next(s for s in compiled.report().steps if s.kind == kind)
+    step.samples.clear()
+    return compiled, step
+
+
+def _best_steps(cases, reps: int, backend: str) -> list:
+    """[(the time of each case's first `kind` step at its best, its step)] for cases of (fn, inputs,
+    kind): its fastest of `reps` calls -- a roof is the best the machine did, and a busy neighbour only
+    ever makes a sample slower. The calls go round the cases, one each per round, so a burst of load on a
+    shared machine slows a sample of every case, not all the samples of one."""
+    programs = [(_program(fn, inputs, backend, kind), inputs) for fn, inputs, kind in cases]
+    with torch.no_grad():
         for _ in range(reps):
-            compiled(*inputs)
-    return min(step.samples), step
+            for (compiled, _), inputs in programs:
+                compiled(*inputs)
+    return [(min(step.samples), step) for (_, step), _ in programs]
+
+
+def _no_slower_when_smaller(gbps: list) -> list:
+    """Bandwidths by working set with each raised to the best of the larger sets': a smaller working set
+    fits in the same memory or a faster one, so only a noisy sample has it slower. Raising a figure,
+    never lowering one, keeps the roofs optimistic."""
+    out = list(gbps)
+    for i in reversed(range(len(out) - 1)):
+        out[i] = max(out[i], out[i + 1])
+    return out
 
 
 def measure(backend: str = "cpu", quick: bool = False) -> Roofline:
@@ -112,35 +135,40 @@ def measure(backend: str = "cpu", quick: bool = False) -> Roofline:
     if quick:
         sizes = sizes[:3]
     reps = 12 if quick else 30
-    read, write, copy = [], [], []
+    cases = []
     for s in sizes:
         cols = 1024
-        x = torch.randn(max(1, s // 4 // cols), cols, device=device)
-        t_read, _ = _best_step(lambda x: x.sum(1), (x,), reps, backend)
-        r = x.numel() * 4 / t_read
-        half = torch.randn(max(1, s // 8), device=device)
-        t_copy, _ = _best_step(lambda x: x + 1.0, (half,), reps, backend)
-        nb = half.numel() * 4
-        w_time = t_copy - nb / r
-        w = nb / w_time if w_time > 0 else r
-        read.append(r / 1e9)
-        write.append(w / 1e9)
-        copy.append(2 * nb / t_copy / 1e9)
-
-    vector = 0.0
+        cases.append((lambda x: x.sum(1), (torch.randn(max(1, s // 4 // cols), cols, device=device),), "kernel"))
+        cases.append((lambda x: x + 1.0, (torch.randn(max(1, s // 8), device=device),), "kernel"))
     n_vec = VECTOR_ELEMENTS[device]
-    for chain in _CHAINS:  # the best of a cheap-op chain and transcendental ones (interleaved by the codegen)
-        t_vec, step = _best_step(chain, (torch.rand(n_vec, device=device),), reps, backend)
-        vector = max(vector, step.flops / t_vec / 1e9)
-    matmul = 0.0
-    for n in ((512, 1024) if quick else (1024, 2048)):  # the better of two sizes: BLAS peaks at either
-        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-        t_mm, _ = _best_step(lambda a, b: a @ b, (a, b), reps, backend, kind="torch")  # near the FMA peak the
-        # clock decides: the best of as many samples as the bandwidth roofs take
-        matmul = max(matmul, 2 * n ** 3 / t_mm / 1e9)
-    t_launch, _ = _best_step(lambda x: x + 1.0, (torch.randn(16, device=device),), reps * 4, backend)
-    t_call, _ = _best_step(lambda a, b: a @ b, (torch.randn(2, 2, device=device), torch.randn(2, 2, device=device)),
-                           reps * 4, backend, kind="torch")
+    # the best of a cheap-op chain and transcendental ones (interleaved by the codegen)
+    cases += [(chain, (torch.rand(n_vec, device=device),), "kernel") for chain in _CHAINS]
+    for n in ((512, 1024) if quick else (1024, 2048)):  # the better of two sizes: BLAS peaks at either;
+        # near the FMA peak the clock decides: the best of as many samples as the bandwidth roofs take
+        cases.append((lambda a, b: a @ b, (torch.randn(n, n, device=device), torch.randn(n, n, device=device)),
+                      "torch"))
+    timed = _best_steps(cases, reps, backend)
+    read, write, copy = [], [], []
+    for i in range(len(sizes)):
+        (t_read, _), (t_copy, _) = timed[2 * i], timed[2 * i + 1]
+        r = cases[2 * i][1][0].numel() * 4 / t_read
+        nb = cases[2 * i + 1][1][0].numel() * 4
+        copy.append(2 * nb / t_copy / 1e9)
+        read.append(max(r / 1e9, copy[-1]))  # reading alone is never slower than a copy of as many bytes
+    read, copy = _no_slower_when_smaller(read), _no_slower_when_smaller(copy)
+    for i in range(len(sizes)):  # t_copy = nb / read + nb / write
+        nb = cases[2 * i + 1][1][0].numel() * 4
+        w_time = timed[2 * i + 1][0] - nb / (read[i] * 1e9)
+        write.append(nb / w_time / 1e9 if w_time > 0 else read[i])
+    write = _no_slower_when_smaller(write)
+    at = 2 * len(sizes)
+    vector = max(step.flops / t / 1e9 for t, step in timed[at:at + len(_CHAINS)])
+    matmul = max(2 * case[1][0].shape[0] ** 3 / t / 1e9
+                 for case, (t, _) in zip(cases[at + len(_CHAINS):], timed[at + len(_CHAINS):]))
+    (t_launch, _), (t_call, _) = _best_steps(
+        [(lambda x: x + 1.0, (torch.randn(16, device=device),), "kernel"),
+         (lambda a, b: a @ b, (torch.randn(2, 2, device=device), torch.randn(2, 2, device=device)), "torch")],
+        reps * 4, backend)
     return Roofline(machine(device), backend, list(sizes), read, write, copy, vector, matmul, t_launch, t_call)
 
 
