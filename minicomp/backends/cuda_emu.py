@@ -2,8 +2,8 @@
 
 The source (cuda.py generate) is compiled for the host with runtime/cuda_emu.h and runs on CPU
 tensors: kernel steps are emulated launches, torch steps and the arena are the ordinary Program's.
-Launches are capped to small grids and blocks (every CUDA thread is an OS thread); the kernels are
-grid-stride, so their results do not depend on the launch size. A graph over symbolic sizes builds
+Launches are capped to small grids and blocks (every CUDA thread is a fiber, one running at a time);
+the kernels are grid-stride, so their results do not depend on the launch size. A graph over symbolic sizes builds
 its library once, and each call size gets a program instance over it (sized.py), its launches
 passing that size's values and grids.
 """

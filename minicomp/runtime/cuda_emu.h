@@ -1,10 +1,15 @@
 // cuda_emu.h: run the CUDA C that codegen/cuda.py emits on the CPU, compiled by the host g++.
 //
-// Every CUDA thread of a block is an OS thread (std::thread), so barriers and shuffles really wait
-// on each other: __syncthreads is a per-block std::barrier, and a warp shuffle writes its value to a
-// per-thread slot, meets its warp at a barrier, reads its partner's slot, and meets it again.
-// Blocks of a launch run one after another (and launches one at a time), which makes `__shared__`
-// (a function-local static here) private to the running block. Slow on purpose, never approximate:
+// Every CUDA thread of a block is a fiber (a stack of its own and a saved context) on the launching OS
+// thread, so barriers and shuffles really wait on each other: a thread at __syncthreads goes back to
+// the scheduler, which runs the others until every live thread of the block is there, then lets them
+// all on; a warp shuffle writes its value to a per-thread slot, waits for its warp the same way,
+// reads its partner's slot, and waits again. Threads waiting at different barriers abort the process
+// (a GPU would hang). Blocks of a launch run one after another (and launches one at a time), which
+// makes `__shared__` (a function-local static here) private to the running block. On x86-64 a switch
+// is a few instructions (elsewhere glibc's swapcontext); an OS thread per CUDA thread, as before,
+// cost its start and a futex wake at every barrier: 20-37x the time a call of the GPU check's cases takes now.
+// Still slow, and never approximate:
 // half/bfloat16 conversions round to nearest even as CUDA's __float2half_rn/__float2bfloat16_rn do.
 //
 // Kernel translation units include this file as is: a light header (no <thread>), calling into the
@@ -129,35 +134,177 @@ template <class... P> inline void mc_emu_call(void (*f)(P...), void** args) {
 }
 
 #ifdef MC_EMU_RUNTIME
-#include <barrier>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 namespace {
-struct Block {
-  explicit Block(unsigned n) : bar(n), slots(n), n(n) {
-    for (unsigned w = 0; w * 32 < n; ++w) warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - 32 * w)));
-  }
-  std::barrier<> bar;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::vector<unsigned long long> slots;  // one shuffle slot per thread
-  unsigned n;
+// Where a CUDA thread is: running (or ready to run), waiting at __syncthreads, waiting for its warp
+// (a shuffle), or returned from the kernel.
+enum State : unsigned char { READY, AT_BLOCK, AT_WARP, DONE };
+struct Fiber {
+  mc_emu_thread self;
+  unsigned tid;
+  State state;
+#if defined(__x86_64__)
+  void* sp;  // its saved stack pointer while it is not running
+#else
+  ucontext_t ctx;
+#endif
 };
-thread_local mc_emu_thread self;
-thread_local Block* block;
-thread_local unsigned tid;
+constexpr std::size_t STACK = 256 << 10;  // a CUDA thread's stack; one page below it is a guard page
+std::vector<Fiber> fibers;                // the running block's CUDA threads
+char* stacks = nullptr;
+std::size_t stack_count = 0;
+Fiber* cur;
+void (*run_kernel)(void**);
+void** run_args;
+unsigned long long slots[1024];  // one shuffle slot per thread
 std::mutex one_launch_at_a_time, error_lock;
 char error[256];
 bool failed;
+
+#if defined(__x86_64__)
+// The switch saves what the System V ABI has a callee keep (rbx, rbp, r12-r15, the SSE and x87 control
+// words) on the running stack and resumes the other: a few nanoseconds, where glibc's swapcontext also
+// makes a system call for the signal mask (that was most of an emulated reduction's time).
+extern "C" void mc_emu_switch(void** save_sp, void* to_sp);
+asm(R"(
+.text
+.globl mc_emu_switch
+.hidden mc_emu_switch
+.type mc_emu_switch, @function
+mc_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size mc_emu_switch, .-mc_emu_switch
+)");
+void* scheduler_sp;
+
+[[noreturn]] void fiber_main() {  // a CUDA thread's first switch returns here, on its own stack
+  run_kernel(run_args);
+  cur->state = DONE;
+  void* gone;
+  mc_emu_switch(&gone, scheduler_sp);
+  __builtin_unreachable();
+}
+
+void start(Fiber& f, char* stack, std::size_t size) {
+  unsigned mxcsr;
+  unsigned short fpucw;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpucw));
+  auto* top = reinterpret_cast<unsigned long long*>(reinterpret_cast<std::uintptr_t>(stack + size) & ~15ull);
+  // from the top: a return slot fiber_main never uses, fiber_main's address (at 16n, so fiber_main
+  // starts at 16n + 8 as after a call), six zeroed registers, the control words
+  unsigned long long* sp = top - 9;
+  sp[8] = 0;
+  sp[7] = reinterpret_cast<unsigned long long>(&fiber_main);
+  for (int i = 1; i < 7; ++i) sp[i] = 0;
+  sp[0] = mxcsr | (unsigned long long)fpucw << 32;
+  f.sp = sp;
+}
+void resume(Fiber& f) { mc_emu_switch(&scheduler_sp, f.sp); }
+void to_scheduler() { mc_emu_switch(&cur->sp, scheduler_sp); }
+#else
+ucontext_t scheduler;
+
+void fiber_main() {  // returning resumes the scheduler (uc_link)
+  run_kernel(run_args);
+  cur->state = DONE;
+}
+
+void start(Fiber& f, char* stack, std::size_t size) {
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = stack;
+  f.ctx.uc_stack.ss_size = size;
+  f.ctx.uc_link = &scheduler;
+  makecontext(&f.ctx, fiber_main, 0);
+}
+void resume(Fiber& f) { swapcontext(&scheduler, &f.ctx); }
+void to_scheduler() { swapcontext(&cur->ctx, &scheduler); }
+#endif
+
+void wait_at(State why) {  // back to the scheduler until the barrier releases this thread
+  cur->state = why;
+  to_scheduler();
+}
+
+void ensure_stacks(std::size_t n) {
+  if (n <= stack_count) return;
+  if (stacks) munmap(stacks, stack_count * (STACK + 4096));
+  stacks = static_cast<char*>(mmap(nullptr, n * (STACK + 4096), PROT_READ | PROT_WRITE,
+                                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+  if (stacks == MAP_FAILED) mc_emu_fail("could not map the CUDA threads' stacks");
+  for (std::size_t i = 0; i < n; ++i) mprotect(stacks + i * (STACK + 4096), 4096, PROT_NONE);
+  stack_count = n;
+}
+
+// Run one block: every thread until it waits or returns, then release the barrier everyone live
+// waits at -- a warp whose live threads all wait for it, else __syncthreads once every live thread
+// of the block is there. A thread that has returned holds up no barrier (as arrive_and_drop).
+void run_block(unsigned n) {
+  for (;;) {
+    for (unsigned t = 0; t < n; ++t)
+      if (fibers[t].state == READY) {
+        cur = &fibers[t];
+        resume(*cur);
+      }
+    bool released = false;
+    for (unsigned w = 0; w * 32 < n; ++w) {
+      const unsigned end = w * 32 + 32 < n ? w * 32 + 32 : n;
+      unsigned live = 0, waiting = 0;
+      for (unsigned t = w * 32; t < end; ++t) {
+        live += fibers[t].state != DONE;
+        waiting += fibers[t].state == AT_WARP;
+      }
+      if (live && waiting == live) {
+        for (unsigned t = w * 32; t < end; ++t) fibers[t].state = READY;
+        released = true;
+      }
+    }
+    if (released) continue;
+    unsigned live = 0, waiting = 0;
+    for (unsigned t = 0; t < n; ++t) {
+      live += fibers[t].state != DONE;
+      waiting += fibers[t].state == AT_BLOCK;
+    }
+    if (live == 0) return;
+    if (waiting != live) mc_emu_fail("threads of a block wait at different barriers (a deadlock on a GPU)");
+    for (unsigned t = 0; t < n; ++t)
+      if (fibers[t].state == AT_BLOCK) fibers[t].state = READY;
+  }
+}
 }  // namespace
 
 extern "C" long long mc_emu_out_of_bounds(long long i, long long n) {
   std::lock_guard<std::mutex> hold(error_lock);
   if (!failed) {
+    const mc_emu_thread& self = cur->self;
     std::snprintf(error, sizeof error, "index %lld outside [0, %lld) in block (%u, %u, %u), thread (%u, %u, %u)", i, n,
                   self.bid.x, self.bid.y, self.bid.z, self.tid.x, self.tid.y, self.tid.z);
     failed = true;
@@ -167,8 +314,8 @@ extern "C" long long mc_emu_out_of_bounds(long long i, long long n) {
 
 extern "C" const char* mc_emu_error(void) { return error; }
 
-extern "C" mc_emu_thread* mc_emu_self(void) { return &self; }
-extern "C" void mc_emu_syncthreads(void) { block->bar.arrive_and_wait(); }
+extern "C" mc_emu_thread* mc_emu_self(void) { return &cur->self; }
+extern "C" void mc_emu_syncthreads(void) { wait_at(AT_BLOCK); }
 
 extern "C" void mc_emu_fail(const char* what) {
   std::fprintf(stderr, "cuda_emu: %s\n", what);
@@ -176,13 +323,12 @@ extern "C" void mc_emu_fail(const char* what) {
 }
 
 extern "C" unsigned long long mc_emu_shfl_xor(unsigned long long bits, int lane_mask) {
-  Block& b = *block;
-  const unsigned warp = tid / 32, partner = warp * 32 + ((tid % 32) ^ (unsigned)lane_mask);
-  if (lane_mask < 0 || lane_mask >= 32 || partner >= b.n) mc_emu_fail("shuffle partner outside the warp");
-  b.slots[tid] = bits;
-  b.warps[warp]->arrive_and_wait();
-  const unsigned long long out = b.slots[partner];
-  b.warps[warp]->arrive_and_wait();  // nobody overwrites a slot before its reader has read it
+  const unsigned tid = cur->tid, warp = tid / 32, partner = warp * 32 + ((tid % 32) ^ (unsigned)lane_mask);
+  if (lane_mask < 0 || lane_mask >= 32 || partner >= fibers.size()) mc_emu_fail("shuffle partner outside the warp");
+  slots[tid] = bits;
+  wait_at(AT_WARP);
+  const unsigned long long out = slots[partner];
+  wait_at(AT_WARP);  // nobody overwrites a slot before its reader has read it
   return out;
 }
 
@@ -196,27 +342,21 @@ extern "C" int mc_emu_launch(const unsigned* cfg, void (*run)(void**), void** ar
   std::lock_guard<std::mutex> hold(one_launch_at_a_time);
   failed = false;
   error[0] = 0;
+  ensure_stacks(n);
+  fibers.resize(n);
+  run_kernel = run;
+  run_args = args;
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        Block b(n);
-        std::vector<std::thread> threads;
-        threads.reserve(n);
         for (unsigned t = 0; t < n; ++t) {
-          try {
-            threads.emplace_back([&, t] {
-              self = {{t % bdim.x, t / bdim.x % bdim.y, t / (bdim.x * bdim.y)}, {bx, by, bz}, bdim, grid};
-              block = &b;
-              tid = t;
-              run(args);
-              b.bar.arrive_and_drop();  // an exited thread no longer holds up the others' barriers
-              b.warps[t / 32]->arrive_and_drop();
-            });
-          } catch (...) {
-            mc_emu_fail("could not start a thread for a CUDA thread");  // the started ones would wait forever
-          }
+          Fiber& f = fibers[t];
+          f.self = {{t % bdim.x, t / bdim.x % bdim.y, t / (bdim.x * bdim.y)}, {bx, by, bz}, bdim, grid};
+          f.tid = t;
+          f.state = READY;
+          start(f, stacks + t * (STACK + 4096) + 4096, STACK);
         }
-        for (auto& th : threads) th.join();
+        run_block(n);
       }
   return failed ? 3 : 0;
 }

@@ -1,6 +1,6 @@
 """cuda_emu at the block sizes a GPU runs: every reduction layout at 1024 threads a block, and the long
 rows whose planned blocks are 512 and 1024 threads at exactly that size. The backend caps emulated
-blocks at EMU_MAX_BLOCK (128: every CUDA thread is an OS thread), which hides what only a full block
+blocks at EMU_MAX_BLOCK (128), which hides what only a full block
 shows -- 32 warps sharing a block reduction's 32 partials, warps past the row's end, the barrier
 between two reductions that reuse shared memory. Compared with eager, as the other cuda_emu tests."""
 from __future__ import annotations

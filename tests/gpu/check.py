@@ -35,7 +35,7 @@ from minicomp.timing import grid, time_interleaved  # noqa: E402
 from tests.e2e.models import ZOO  # noqa: E402
 from tests.helpers import assert_matches_eager  # noqa: E402
 
-EMU_MAX_ELEMS = 1 << 14  # cuda_emu: inputs cut to this many elements (every CUDA thread is an OS thread)
+EMU_MAX_ELEMS = 1 << 14  # cuda_emu: inputs cut to this many elements (emulated kernels are slow)
 TOLERANCE = 1e-4
 
 
@@ -118,7 +118,7 @@ def bench(backend: str, device: str, quick: bool) -> int:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     reps, calls = (5, 20) if quick else (30, 200)
     names = [*CASE_NAMES, "kernels100"]
-    if backend == "cuda_emu":  # the script's logic, not speed: an emulated launch starts 256 OS threads
+    if backend == "cuda_emu":  # the script's logic, not speed: emulated kernels run one CUDA thread at a time
         reps, calls, names = 1, 2, CASE_NAMES
     copy_elems = EMU_MAX_ELEMS if backend == "cuda_emu" else (8 << 20 if quick else 32 << 20)
     src = torch.randn(copy_elems, device=device)

@@ -282,3 +282,61 @@ def test_out_of_bounds_index_fails_the_launch():
     where = r"kernel k: index 32 outside \[0, 32\) in block \(0, 0, 0\), thread \(31, 0, 0\)"
     with pytest.raises(RuntimeError, match=where):
         _launch(EmuLaunch(module, "k", 1, 32, 0, [0]), [torch.zeros(32)])
+
+
+EARLY_EXIT = r'''
+#include "prelude.cuh"
+// the upper half of the block returns before the barriers; the rest meet at them three times, the
+// last time after a warp reduction, and each sees the others' shared writes
+extern "C" __global__ void early(int* __restrict__ out) {
+  __shared__ int seen[1024];
+  const int t = threadIdx.x, n = blockDim.x;
+  if (t >= n / 2) return;
+  seen[t] = t;
+  __syncthreads();
+  int s = seen[(t + 1) % (n / 2)];
+  __syncthreads();
+  seen[t] = s * 2;
+  __syncthreads();
+  out[blockIdx.x * n + t] = seen[(t + 1) % (n / 2)] + mc_warp_reduce(1, mc_op_sum());
+}
+extern "C" __global__ void split(int* __restrict__ out) {  // lane 0 at __syncthreads, its warp at a shuffle
+  if (threadIdx.x == 0) __syncthreads();
+  else out[threadIdx.x] = mc_warp_reduce(1, mc_op_sum());
+}
+'''
+
+
+@pytest.mark.parametrize("block", [64, 128, 1024])
+def test_threads_that_return_hold_up_no_barrier(block):
+    """A CUDA thread that has returned is out of every later barrier, as on a GPU: the rest meet
+    without it, block after block (each block's fibers start afresh)."""
+    module = EmuModule(EARLY_EXIT, ["early", "split"], prelude_headers())
+    out = torch.full((3 * block,), -1, dtype=torch.int32)
+    _call(module, "early", 3, block, [out])
+    half = block // 2
+    t = torch.arange(half)
+    for g in range(3):
+        got = out[g * block:(g + 1) * block]
+        assert torch.equal(got[:half], (((t + 2) % half) * 2 + 32).int())
+        assert (got[half:] == -1).all()
+
+
+def test_threads_at_different_barriers_abort_with_a_message(tmp_path):
+    """Lane 0 waits at __syncthreads while its warp waits for it in a shuffle: a GPU hangs; the emulator
+    ends the process saying why, where OS threads per CUDA thread hung the test run."""
+    script = tmp_path / "split.py"
+    script.write_text(
+        "import ctypes, torch\n"
+        "from minicomp.backends.cuda import prelude_headers\n"
+        "from minicomp.runtime.cuda_emu import EmuModule\n"
+        f"m = EmuModule({EARLY_EXIT!r}, ['early', 'split'], prelude_headers())\n"
+        "out = torch.zeros(32, dtype=torch.int32)\n"
+        "v = ctypes.c_void_p(out.data_ptr()); ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(v))\n"
+        "cfg = (ctypes.c_uint * 7)(1, 1, 1, 32, 1, 1, 0)\n"
+        "m.function('split')(ctypes.addressof(cfg), ctypes.addressof(ptrs))\n")
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode != 0 and "wait at different barriers" in proc.stderr, proc.stderr[-2000:]
