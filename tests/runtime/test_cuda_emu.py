@@ -340,3 +340,29 @@ def test_threads_at_different_barriers_abort_with_a_message(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.returncode != 0 and "wait at different barriers" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_kernel_libraries_compile_against_precompiled_headers(monkeypatch, tmp_path):
+    """A kernel library's compile starts from cuda_emu.h precompiled once per process; a precompiled
+    form g++ cannot use (here: overwritten) costs time, never a wrong or failed build."""
+    from minicomp.runtime import cuda_emu
+    monkeypatch.setenv("MINICOMP_CACHE_DIR", str(tmp_path))  # nothing cached: every library compiles
+    src = ('#include "prelude.cuh"\nextern "C" __global__ void k(float* __restrict__ b0) {\n'
+           '  b0[MC_IN(threadIdx.x, 32)] = mc_warp_reduce((float)threadIdx.x, mc_op_sum()) + SCALE;\n}\n')
+    with open(cuda_emu.HEADER) as f:
+        folder = cuda_emu._precompiled(f.read())
+    assert folder and os.path.getsize(os.path.join(folder, "cuda_emu.h.gch")) > 0
+    gch = os.path.join(folder, "cuda_emu.h.gch")
+    with open(gch, "rb") as f:
+        good = f.read()
+    try:
+        for scale in (1, 2):
+            out = torch.zeros(32)
+            module = EmuModule(f"#define SCALE {scale}\n" + src, ["k"], prelude_headers())
+            _launch(EmuLaunch(module, "k", 1, 32, 0, [0]), [out])
+            assert torch.equal(out, torch.full((32,), 496.0 + scale))
+            with open(gch, "wb") as f:
+                f.write(b"not a precompiled header")
+    finally:  # the rest of this process compiles from it too
+        with open(gch, "wb") as f:
+            f.write(good)
