@@ -165,7 +165,7 @@ Fiber* cur;
 void (*run_kernel)(void**);
 void** run_args;
 unsigned long long slots[1024];  // one shuffle slot per thread
-std::mutex one_launch_at_a_time, error_lock;
+std::mutex one_launch_at_a_time;  // the fibers, stacks and error below are one launch's
 char error[256];
 bool failed;
 
@@ -302,7 +302,6 @@ void run_block(unsigned n) {
 }  // namespace
 
 extern "C" long long mc_emu_out_of_bounds(long long i, long long n) {
-  std::lock_guard<std::mutex> hold(error_lock);
   if (!failed) {
     const mc_emu_thread& self = cur->self;
     std::snprintf(error, sizeof error, "index %lld outside [0, %lld) in block (%u, %u, %u), thread (%u, %u, %u)", i, n,

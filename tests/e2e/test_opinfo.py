@@ -130,28 +130,18 @@ def _fill(template, tensors):
     return template
 
 
-def _slots(template) -> int:
-    """How many _Slots _fill reaches in template."""
-    if isinstance(template, _Slot):
-        return 1
-    if type(template) in (list, tuple):
-        return sum(map(_slots, template))
-    if type(template) is dict:
-        return sum(map(_slots, template.values()))
-    return 0
-
-
 def _as_flat_fn(op, sample):
-    """(fn(*tensors) -> list of output tensors, tensors): the sample's non-tensor arguments baked in."""
+    """(fn(*tensors) -> list of output tensors, the same fn returning the op's result as it is (the
+    public sweeps flatten it outside Dynamo), tensors): the sample's non-tensor arguments baked in."""
     leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
     slots = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     template = pytree.tree_unflatten([_Slot(slots.index(i)) if i in slots else x for i, x in enumerate(leaves)], spec)
 
-    if _slots(template) == len(slots):
+    if not any(isinstance(x, _Slot) for x in pytree.tree_leaves(_fill(template, [object()] * len(slots)))):
         def fn(*tensors):
             inp, args, kwargs = _fill(template, tensors)
             return op(inp, *args, **kwargs)
-    else:  # a tensor inside another kind of container
+    else:  # a tensor inside another kind of container, which _fill does not enter
         def fn(*tensors):
             filled = list(leaves)
             for i, t in zip(slots, tensors):
