@@ -46,6 +46,7 @@ from ..ir.kernel import Kernel, KExpr, check_sites, kernel_symbols, site, walk
 from .blocked_sums import blocked_nest, sum_blocking
 from .columns import columns, emit_columns
 from .pieces import split
+from . import row_cache
 from ..ir.scalar import SCALAR
 from ..ir.types import FLOATS
 from .llvm_ops import LOWER, emit
@@ -75,6 +76,8 @@ class KernelCodegen:
         self.prestores, self.finish = ({}, set()) if self.columns else _prestores(kernel)
         self.symbols = kernel_symbols(kernel)  # sizes read at run time (ir/sym.py), in the sizes array's order
         self.sizes: dict = {}  # size expression (repr) -> its value, computed in the entry block
+        self.kept: dict = {}  # values later passes over a row load from a row buffer (row_cache.py)
+        self.row_bufs: dict = {}  # id(value) -> its row buffer (an alloca in the entry block)
 
     def size(self, x):
         """An extent, coefficient or divisor: a constant, or computed once from the symbols."""
@@ -190,7 +193,8 @@ class KernelCodegen:
         self.loop(lo, hi, vs[0].name, lambda: self.nest(vs[1:], body), sym.hint(vs[0].size))
 
     # -- reductions --------------------------------------------------------------------------------
-    def stage(self, reds) -> None:
+    def stage(self, reds, q: int = 0) -> None:
+        """Reduction stage `reds`, pass `q` over the row (row_cache.py)."""
         b = self.b
         blocking = sum_blocking(self.k, reds)
         slots, partials = [], []
@@ -210,11 +214,13 @@ class KernelCodegen:
             b.store(I64(0), idx)
 
         def body():
+            self.load_kept(q)
             for r, acc, nan, idx, _ in slots:
                 x = self.value(r.value)
                 self.combine(r, x, acc, nan, idx)
                 for st in self.prestores.get(id(r), ()):  # softmax: keep exp(x - max) in the output
                     self.store_value(st.buf, st.index, x)
+            self.keep(q)
         if blocking:
             blocked_nest(self, list(self.k.inner), *blocking, body, partials)
         else:
@@ -224,6 +230,31 @@ class KernelCodegen:
                 self.accs[id(r)] = self.ops.cast(b.load(idx), "i64", r.dtype)
                 continue
             self.accs[id(r)] = self.result(r, total, nan)
+
+    def row_index(self):
+        """The element's position in a row buffer: the inner loops' variables, row-major."""
+        idx = None
+        for v in self.k.inner:
+            i = self.vars[v.name]
+            idx = i if idx is None else self.b.add(self.b.mul(idx, I64(v.size)), i)
+        return idx
+
+    def keep(self, q: int) -> None:
+        """Pass q just computed the values it keeps for later passes: into their row buffers."""
+        for key, (e, source, _) in self.kept.items():
+            if source == q:
+                v = self.value(e)
+                if key not in self.row_bufs:
+                    self.row_bufs[key] = self.entry_alloca(v.type, row_cache.row_length(self.k))
+                self.b.store(v, self.b.gep(self.row_bufs[key], [self.row_index()], source_etype=v.type))
+
+    def load_kept(self, q: int) -> None:
+        """Pass q takes the values earlier passes kept from their row buffers, not computing them again."""
+        for key, (e, _, users) in self.kept.items():
+            if q in users:
+                buf = self.row_bufs[key]
+                ty = buf.allocated_type
+                self.scopes[-1][key] = self.b.load(self.b.gep(buf, [self.row_index()], source_etype=ty), typ=ty)
 
     def result(self, r, acc, nan):
         """Reduction r's value from its accumulator (a float max or min that saw NaN is NaN)."""
@@ -337,13 +368,19 @@ class KernelCodegen:
 
         def row():
             self.accs = {}
-            for reds in k.stages:
-                self.stage(reds)
+            for q, reds in enumerate(k.stages):
+                self.stage(reds, q)
             if k.inner_stores:
-                self.nest(list(k.inner), lambda: [self.store(s) for s in k.inner_stores])
+                def stores():
+                    self.load_kept(len(k.stages))
+                    for s in k.inner_stores:
+                        self.store(s)
+                self.nest(list(k.inner), stores)
             for s in k.outer_stores:
                 self.store(s)
         pieces = split(k)
+        if not pieces and not self.columns:
+            self.kept = row_cache.plan(k, row_cache.elem_bytes)
         if pieces:  # one loop nest per piece (pieces.py): a cat evaluates only its part
             for pc in pieces:
                 self.piece(pc, start, end)

@@ -1,0 +1,106 @@
+"""Row kernels on the CPU: a value a later pass over the row needs again, kept in a buffer of one row.
+
+A row kernel (layer_norm, softmax, their backwards) passes over its row once per stage of reductions
+and once more for its stores, and each pass computes what it needs from the loads up. A value one
+pass computed and a later pass needs was computed again: the NormStack's forward kernel
+(layer_norm -> GELU -> residual add -> layer_norm) evaluated the GELU's erf three times per element,
+once for the second layer_norm's mean, once for its variance and once for the stores.
+
+`plan` picks, pass by pass, the values a later pass reaches that an earlier one computed, whose
+recomputation costs at least MIN_COST (the op table's per-element cost: a load 1, an add 1, an erf
+8); the earlier pass stores each into a stack buffer of one row (the row is in L1), and the later
+passes load it. Cheaper values (x - mean: a load and two ops) are computed again, which costs
+about what a store and a load would. Only rows of a constant length take part, and at most
+MAX_BYTES of buffers per kernel (each thread running the kernel has its own, on its stack).
+"""
+from __future__ import annotations
+
+from ..ir.kernel import Kernel, KExpr, walk
+from ..ir.ops import OPS
+
+MIN_COST = 6.0
+MAX_BYTES = 128 << 10
+_FREE = ("const", "acc", "index")  # per row or positional: nothing to keep
+
+
+def _varying(roots, names: set) -> set:
+    """ids of the values under `roots` that change along the row: they read a loop variable in
+    `names` (through a load's or an index's expression), or use a value that does."""
+    out = set()
+    for x in walk(roots):
+        if (x.op == "load" and names & x.attrs["index"].vars() or x.op == "index" and names & x.attrs["expr"].vars()
+                or any(id(a) in out for a in x.args)):
+            out.add(id(x))
+    return out
+
+
+def _cost(e: KExpr, varying: set, kept: dict, memo: dict) -> float:
+    """What evaluating e again per element costs: values already kept (`kept`) are loads, and what
+    is fixed along the row (a mean, a reciprocal) is computed once per row."""
+    if id(e) in kept or id(e) not in varying or e.op in _FREE:
+        return 0.0
+    if id(e) not in memo:
+        own = 1.0 if e.op == "load" else OPS[e.op].cost if e.op in OPS else 1.0
+        memo[id(e)] = own + sum(_cost(a, varying, kept, memo) for a in e.args)
+    return memo[id(e)]
+
+
+def elem_bytes(e: KExpr) -> int:
+    """An element of e's row buffer: its register type (f16 and bf16 are held as f32, b8 as a byte)."""
+    return {"f64": 8, "i64": 8, "i16": 2, "i8": 1, "u8": 1, "b8": 1}.get(e.dtype, 4)
+
+
+def row_length(k: Kernel) -> int:
+    n = 1
+    for v in k.inner:
+        n *= v.size
+    return n
+
+
+def passes(k: Kernel) -> list:
+    """The roots each pass over a row evaluates: each stage's reduced values, then the inner stores."""
+    out = [[r.value for r in stage] for stage in k.stages]
+    if k.inner_stores:
+        out.append([s.value for s in k.inner_stores])
+    return out
+
+
+def _reach(roots) -> set:
+    seen, stack = set(), list(roots)
+    while stack:
+        x = stack.pop()
+        if id(x) not in seen:
+            seen.add(id(x))
+            stack.extend(x.args)
+    return seen
+
+
+def plan(k: Kernel, elem_bytes) -> dict:
+    """{id(value): (value, the pass that stores it, the later passes that load it)} for the values
+    kept in a row buffer; `elem_bytes(value)` is what one element of its buffer takes."""
+    if len(k.stages) + bool(k.inner_stores) < 2 or not k.inner or not all(isinstance(v.size, int) for v in k.inner):
+        return {}
+    row = row_length(k)
+    roots = passes(k)
+    varying = _varying([e for r in roots for e in r], {v.name for v in k.inner})
+    reach = [_reach(r) for r in roots]
+    kept: dict = {}
+    used, memo = 0, {}
+    for q in range(1, len(roots)):
+        seen: set = set()
+        stack = list(roots[q])
+        while stack:
+            e = stack.pop()
+            if id(e) in seen or id(e) in kept or e.op in _FREE or e.op == "load":
+                continue
+            seen.add(id(e))
+            source = next((p for p in range(q) if id(e) in reach[p]), None)
+            if source is not None and _cost(e, varying, kept, memo) >= MIN_COST:
+                size = row * elem_bytes(e)
+                if used + size <= MAX_BYTES:
+                    kept[id(e)] = (e, source, {p for p in range(source + 1, len(roots)) if id(e) in reach[p]})
+                    used += size
+                    memo.clear()  # costs above it change: it is a load now
+                    continue
+            stack.extend(e.args)
+    return kept

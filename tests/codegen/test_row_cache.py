@@ -1,0 +1,114 @@
+"""Row kernels keep a value a later pass needs in a row buffer (codegen/row_cache.py): the plan picks
+costly values only, the kernel computes them once per element, and every kind of row kernel that
+keeps values matches eager: layer_norm over a GELU, softmax over an exp, two inner dims, every float
+dtype, NaN and Inf, split across threads, and the cases that keep nothing (symbolic rows, rows too
+long for the budget)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minicomp.codegen import row_cache
+from minicomp.codegen.collapse import collapse
+from minicomp.codegen.llvm_module import generate_module
+from minicomp.compiler.pipeline import run_passes
+from minicomp.ir import parse
+from tests.codegen.test_cpu_ops import compare_compiled, cpu_context, values
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _kernels(text: str) -> list:
+    g = parse(text)
+    return [collapse(n.meta["kernel"]) for n in run_passes(g, cpu_context(g)).nodes if n.op == "kernel"]
+
+
+def _erf_then_variance(n: int, op: str = "erf") -> str:
+    """A row's variance of op(x), and op(x) centred and scaled: three passes over each row that all
+    need op(x)."""
+    return (f"graph g(%x: f32[16,{n}]) -> (f32[16,1], f32[16,{n}]) {{\n"
+            f"  %0: f32[16,{n}] = {op} %x\n"
+            f"  %1: f32[16,1] = sum %0 [dims=(1,), keepdim=true]\n"
+            f"  %2: f32[16,{n}] = sub %0 %1\n"
+            f"  %3: f32[16,{n}] = mul %2 %2\n"
+            f"  %4: f32[16,1] = sum %3 [dims=(1,), keepdim=true]\n"
+            f"  %5: f32[16,{n}] = mul %2 %4\n"
+            "  return %4, %5\n}")
+
+
+def test_a_costly_value_is_computed_in_one_pass_and_loaded_in_the_others():
+    ks = _kernels(_erf_then_variance(512))
+    assert len(ks) == 1 and len(ks[0].stages) == 2 and ks[0].inner_stores
+    kept = list(row_cache.plan(ks[0], row_cache.elem_bytes).values())
+    assert [(e.op, source, users) for e, source, users in kept] == [("erf", 0, {1, 2})]
+    text, _ = generate_module(ks, whole=lambda k: True)
+    assert len(re.findall(r'call float @"minicomp_erf"', text)) == 1  # not once per pass
+    assert re.search(r"alloca float, i64 512", text)
+
+
+def test_cheap_values_are_computed_again():
+    """x - mean is a load and two ops: loading it from a row buffer would cost as much."""
+    ks = _kernels(_erf_then_variance(512, op="neg"))
+    assert row_cache.plan(ks[0], row_cache.elem_bytes) == {}
+
+
+def test_rows_past_the_budget_keep_nothing():
+    n = row_cache.MAX_BYTES // 4 + 1
+    ks = _kernels(_erf_then_variance(n))
+    assert row_cache.plan(ks[0], row_cache.elem_bytes) == {}
+
+
+def _norm_gelu_norm(x, r, w, b):
+    h = F.layer_norm(x, x.shape[-1:], w, b)
+    y = r + F.gelu(h)
+    return {"y": y, "out": F.layer_norm(y, y.shape[-1:], w, b), "softmax": torch.softmax(torch.exp(-h * h) * 3, -1)}
+
+
+@pytest.fixture
+def planned(monkeypatch):
+    """The plans of the row kernels compiled in the test: (inner dims, kept values' ops)."""
+    out = []
+    plan = row_cache.plan
+
+    def spy(k, eb):
+        kept = plan(k, eb)
+        out.append((len(k.inner), sorted(e.op for e, _, _ in kept.values())))
+        return kept
+    monkeypatch.setattr(row_cache, "plan", spy)
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
+def test_layer_norm_over_gelu_and_softmax_over_exp_match_eager(dtype, threads, monkeypatch, planned):
+    from minicomp.runtime import cpu
+    monkeypatch.setattr(cpu, "threads", lambda: threads)
+    monkeypatch.setattr(cpu, "PARALLEL_MIN_WORK", 1)
+    shape = (37, 300)
+    x, r = (values(dtype, shape, i).nan_to_num(0.0, 0.0, 0.0).clamp(-3, 3) for i in (0, 1))
+    w, b = (values(dtype, shape[-1:], i).nan_to_num(1.0, 1.0, 1.0).clamp(-2, 2) for i in (2, 3))
+    x[4, 7], r[9, 0] = NAN, INF  # rows with NaN or Inf give NaN, as in eager
+    compare_compiled(_norm_gelu_norm, x, r, w, b, tol=3e-2 if dtype in ("f16", "bf16") else 1e-4)
+    assert any(ops for _, ops in planned), planned
+
+
+def test_two_inner_dims_and_a_transposed_input(planned):
+    def fn(x):
+        e = torch.erf(x.transpose(1, 2))  # rows over two dims, strided in memory
+        m = e.mean((1, 2), keepdim=True)
+        return {"norm": (e - m) * torch.rsqrt(((e - m) ** 2).mean((1, 2), keepdim=True) + 1e-5)}
+    compare_compiled(fn, values("f32", (6, 70, 9), 0).nan_to_num(0.0, 0.0, 0.0), tol=1e-4)
+    assert any(dims == 2 and ops for dims, ops in planned), planned
+
+
+def test_symbolic_rows_keep_nothing_and_match_eager(planned):
+    import minicomp
+    fn = minicomp.compile(lambda x: F.layer_norm(F.gelu(F.layer_norm(x, x.shape[-1:])), x.shape[-1:]),
+                          backend="cpu", dynamic=True)
+    for n in (33, 70):
+        x = torch.randn(5, n)
+        torch.testing.assert_close(fn(x), F.layer_norm(F.gelu(F.layer_norm(x, (n,))), (n,)), rtol=1e-4, atol=1e-5)
+    assert planned and not any(ops for _, ops in planned), planned
