@@ -90,21 +90,25 @@ def emit_columns(cg, first_range) -> None:
                 b.store(b.fpext(v, F64) if _wide(r) else v, acc)
                 b.store(I1(0), nan)
 
-        def accumulate(slots):
-            for r, acc, nan in slots:
-                x = cg.value(r.value)
-                if _wide(r):
-                    b.store(LOWER["sum"](cg.ops, [b.load(acc), b.fpext(x, F64)], "f64", {}), acc)
-                else:
-                    cg.combine(r, x, acc, nan, None)
+        def accumulate(s):
+            def run(slots):
+                for r, acc, nan in slots:
+                    x = cg.value(r.value)
+                    if _wide(r):
+                        b.store(LOWER["sum"](cg.ops, [b.load(acc), b.fpext(x, F64)], "f64", {}), acc)
+                    else:
+                        cg.combine(r, x, acc, nan, None)
+                for st in cg.early.get(s, ()):  # stores the stage's loop can make (row_passes.store_passes)
+                    cg.store(st)
+            return run
 
         def results(stores):
             return lambda _: [cg.store(st) for st in stores]
         for s in range(len(stages)):
             lanes(s, init)
-            cg.nest(list(k.inner), lambda s=s: lanes(s, accumulate))
-        if k.inner_stores:
-            cg.nest(list(k.inner), lambda: lanes(len(stages), results(k.inner_stores)))
+            cg.nest(list(k.inner), lambda s=s: lanes(s, accumulate(s)))
+        if cg.early.get(len(stages)):
+            cg.nest(list(k.inner), lambda: lanes(len(stages), results(cg.early[len(stages)])))
         lanes(len(stages), results(k.outer_stores))
     cg.accs = {}
     if len(k.outer) == 1:  # the runtime splits c itself

@@ -24,6 +24,9 @@ A pointwise kernel whose stores choose between parts by comparing a loop variabl
 cat, a pad) runs as one loop nest per range of that variable (pieces.py): the GPT block's backward
 cat of q/k/v gradients went from 0.168 ms to under 0.012.
 A reduction down columns (a layer_norm weight gradient) runs in column tiles (columns.py).
+A row kernel's passes (row_passes.py): a store that reads none of the last stage's results is made
+in an earlier stage's loop, and a costly value a later pass needs is kept in a row buffer on the
+stack, not computed again.
 A kernel over symbolic sizes (ir/sym.py) reads them at run time: its buffer table holds one more
 pointer, to the program's array of size values, its body loads the symbols it uses once at entry and
 computes every symbolic extent, coefficient and divisor from them (LLVM hoists what loops do not
@@ -46,7 +49,7 @@ from ..ir.kernel import Kernel, KExpr, check_sites, kernel_symbols, site, walk
 from .blocked_sums import blocked_nest, sum_blocking
 from .columns import columns, emit_columns
 from .pieces import split
-from . import row_cache
+from . import row_passes
 from ..ir.scalar import SCALAR
 from ..ir.types import FLOATS
 from .llvm_ops import LOWER, emit
@@ -76,7 +79,12 @@ class KernelCodegen:
         self.prestores, self.finish = ({}, set()) if self.columns else _prestores(kernel)
         self.symbols = kernel_symbols(kernel)  # sizes read at run time (ir/sym.py), in the sizes array's order
         self.sizes: dict = {}  # size expression (repr) -> its value, computed in the entry block
-        self.kept: dict = {}  # values later passes over a row load from a row buffer (row_cache.py)
+        self.kept: dict = {}  # values later passes over a row load from a row buffer (row_passes.py)
+        # the inner stores each pass over a row makes: a store that reads none of the last stage's
+        # results runs in the loop of the stage that can compute it (row_passes.store_passes)
+        self.early: dict = {}
+        for st, q in zip(kernel.inner_stores, row_passes.store_passes(kernel)):
+            self.early.setdefault(q, []).append(st)
         self.row_bufs: dict = {}  # id(value) -> its row buffer (an alloca in the entry block)
 
     def size(self, x):
@@ -194,7 +202,7 @@ class KernelCodegen:
 
     # -- reductions --------------------------------------------------------------------------------
     def stage(self, reds, q: int = 0) -> None:
-        """Reduction stage `reds`, pass `q` over the row (row_cache.py)."""
+        """Reduction stage `reds`, pass `q` over the row (row_passes.py)."""
         b = self.b
         blocking = sum_blocking(self.k, reds)
         slots, partials = [], []
@@ -220,6 +228,8 @@ class KernelCodegen:
                 self.combine(r, x, acc, nan, idx)
                 for st in self.prestores.get(id(r), ()):  # softmax: keep exp(x - max) in the output
                     self.store_value(st.buf, st.index, x)
+            for st in self.early.get(q, ()):
+                self.store(st)
             self.keep(q)
         if blocking:
             blocked_nest(self, list(self.k.inner), *blocking, body, partials)
@@ -245,7 +255,7 @@ class KernelCodegen:
             if source == q:
                 v = self.value(e)
                 if key not in self.row_bufs:
-                    self.row_bufs[key] = self.entry_alloca(v.type, row_cache.row_length(self.k))
+                    self.row_bufs[key] = self.entry_alloca(v.type, row_passes.row_length(self.k))
                 self.b.store(v, self.b.gep(self.row_bufs[key], [self.row_index()], source_etype=v.type))
 
     def load_kept(self, q: int) -> None:
@@ -370,17 +380,17 @@ class KernelCodegen:
             self.accs = {}
             for q, reds in enumerate(k.stages):
                 self.stage(reds, q)
-            if k.inner_stores:
+            if self.early.get(len(k.stages)):
                 def stores():
                     self.load_kept(len(k.stages))
-                    for s in k.inner_stores:
+                    for s in self.early[len(k.stages)]:
                         self.store(s)
                 self.nest(list(k.inner), stores)
             for s in k.outer_stores:
                 self.store(s)
         pieces = split(k)
         if not pieces and not self.columns:
-            self.kept = row_cache.plan(k, row_cache.elem_bytes)
+            self.kept = row_passes.plan(k, row_passes.elem_bytes)
         if pieces:  # one loop nest per piece (pieces.py): a cat evaluates only its part
             for pc in pieces:
                 self.piece(pc, start, end)

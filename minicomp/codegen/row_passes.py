@@ -1,17 +1,23 @@
-"""Row kernels on the CPU: a value a later pass over the row needs again, kept in a buffer of one row.
+"""Row kernels on the CPU: which pass over a row stores what, and which values a later pass loads.
 
-A row kernel (layer_norm, softmax, their backwards) passes over its row once per stage of reductions
-and once more for its stores, and each pass computes what it needs from the loads up. A value one
-pass computed and a later pass needs was computed again: the NormStack's forward kernel
-(layer_norm -> GELU -> residual add -> layer_norm) evaluated the GELU's erf three times per element,
-once for the second layer_norm's mean, once for its variance and once for the stores.
+A row kernel (layer_norm, softmax, their backwards; a reduction down columns too, columns.py)
+passes over its row once per stage of reductions, and once more for its inner stores, each pass
+computing what it needs from the loads up. Two things made passes compute a value again:
 
-`plan` picks, pass by pass, the values a later pass reaches that an earlier one computed, whose
-recomputation costs at least MIN_COST (the op table's per-element cost: a load 1, an add 1, an erf
-8); the earlier pass stores each into a stack buffer of one row (the row is in L1), and the later
-passes load it. Cheaper values (x - mean: a load and two ops) are computed again, which costs
-about what a store and a load would. Only rows of a constant length take part, and at most
-MAX_BYTES of buffers per kernel (each thread running the kernel has its own, on its stack).
+- **Stores in a pass of their own.** A store that reads none of the last stage's results (the GELU
+  a backward recomputes, stored beside the column sum of its gradient) waited for the stores' pass
+  and computed its value there again. `store_passes` runs each store in the loop of the first stage
+  that has every result it reads: the Mixer's backward GELU kernel (erf and exp, a bias-gradient
+  sum down columns) went from 0.80 to 0.52 ms.
+- **Values several passes need.** The NormStack's forward kernel (layer_norm -> GELU -> residual
+  add -> layer_norm) evaluated the GELU's erf three times per element: for the second layer_norm's
+  mean, its variance and the stores. `plan` picks, pass by pass, the values a later pass reaches that
+  an earlier one computed, whose recomputation costs at least MIN_COST (the op table's per-element
+  cost: a load 1, an add 1, an erf 8); the earlier pass stores each into a stack buffer of one row
+  (the row is in L1), and the later passes load it (that kernel: 0.42 -> 0.22 ms). Cheaper values
+  (x - mean: a load and two ops) are computed again, which costs about what a store and a load
+  would. Only rows of a constant length keep values, at most MAX_BYTES of buffers per kernel (each
+  thread running the kernel has its own, on its stack); reductions down columns keep none.
 """
 from __future__ import annotations
 
@@ -57,11 +63,28 @@ def row_length(k: Kernel) -> int:
     return n
 
 
+def store_passes(k: Kernel) -> list:
+    """The pass each inner store runs in: the first stage after every stage whose result it reads
+    (a store that reads none of the last stage's results runs in a stage's loop, not in a pass of
+    its own after the last stage), else len(k.stages), the stores' own pass."""
+    stage_of = {id(r): q for q, reds in enumerate(k.stages) for r in reds}
+    out = []
+    for st in k.inner_stores:
+        q = max((stage_of.get(id(e.attrs["red"]), len(k.stages)) + 1 for e in walk([st.value]) if e.op == "acc"),
+                default=0)
+        out.append(min(q, len(k.stages)))
+    return out
+
+
 def passes(k: Kernel) -> list:
-    """The roots each pass over a row evaluates: each stage's reduced values, then the inner stores."""
+    """The roots each pass over a row evaluates: each stage's reduced values and the inner stores
+    that run in it, then the inner stores left for a pass of their own."""
     out = [[r.value for r in stage] for stage in k.stages]
-    if k.inner_stores:
-        out.append([s.value for s in k.inner_stores])
+    rest = []
+    for st, q in zip(k.inner_stores, store_passes(k)):
+        (out[q] if q < len(k.stages) else rest).append(st.value)
+    if rest:
+        out.append(rest)
     return out
 
 

@@ -1,8 +1,10 @@
-"""Row kernels keep a value a later pass needs in a row buffer (codegen/row_cache.py): the plan picks
-costly values only, the kernel computes them once per element, and every kind of row kernel that
-keeps values matches eager: layer_norm over a GELU, softmax over an exp, two inner dims, every float
-dtype, NaN and Inf, split across threads, and the cases that keep nothing (symbolic rows, rows too
-long for the budget)."""
+"""Passes over a row (codegen/row_passes.py). A store that reads none of the last stage's results
+runs in an earlier stage's loop, so its value is computed once (row kernels and reductions down
+columns). A costly value a later pass needs is kept in a row buffer: the plan picks costly values
+only, and the kernel computes them once per element. Every kind of kernel this changes matches eager:
+layer_norm over a GELU, softmax over an exp, a GELU gradient summed down columns, two inner dims,
+every float dtype, NaN and Inf, split across threads, and the cases that keep nothing (symbolic
+rows, rows too long for the budget)."""
 from __future__ import annotations
 
 import re
@@ -11,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minicomp.codegen import row_cache
+from minicomp.codegen import row_passes
 from minicomp.codegen.collapse import collapse
 from minicomp.codegen.llvm_module import generate_module
 from minicomp.compiler.pipeline import run_passes
@@ -42,7 +44,7 @@ def _erf_then_variance(n: int, op: str = "erf") -> str:
 def test_a_costly_value_is_computed_in_one_pass_and_loaded_in_the_others():
     ks = _kernels(_erf_then_variance(512))
     assert len(ks) == 1 and len(ks[0].stages) == 2 and ks[0].inner_stores
-    kept = list(row_cache.plan(ks[0], row_cache.elem_bytes).values())
+    kept = list(row_passes.plan(ks[0], row_passes.elem_bytes).values())
     assert [(e.op, source, users) for e, source, users in kept] == [("erf", 0, {1, 2})]
     text, _ = generate_module(ks, whole=lambda k: True)
     assert len(re.findall(r'call float @"minicomp_erf"', text)) == 1  # not once per pass
@@ -52,13 +54,13 @@ def test_a_costly_value_is_computed_in_one_pass_and_loaded_in_the_others():
 def test_cheap_values_are_computed_again():
     """x - mean is a load and two ops: loading it from a row buffer would cost as much."""
     ks = _kernels(_erf_then_variance(512, op="neg"))
-    assert row_cache.plan(ks[0], row_cache.elem_bytes) == {}
+    assert row_passes.plan(ks[0], row_passes.elem_bytes) == {}
 
 
 def test_rows_past_the_budget_keep_nothing():
-    n = row_cache.MAX_BYTES // 4 + 1
+    n = row_passes.MAX_BYTES // 4 + 1
     ks = _kernels(_erf_then_variance(n))
-    assert row_cache.plan(ks[0], row_cache.elem_bytes) == {}
+    assert row_passes.plan(ks[0], row_passes.elem_bytes) == {}
 
 
 def _norm_gelu_norm(x, r, w, b):
@@ -71,13 +73,13 @@ def _norm_gelu_norm(x, r, w, b):
 def planned(monkeypatch):
     """The plans of the row kernels compiled in the test: (inner dims, kept values' ops)."""
     out = []
-    plan = row_cache.plan
+    plan = row_passes.plan
 
     def spy(k, eb):
         kept = plan(k, eb)
         out.append((len(k.inner), sorted(e.op for e, _, _ in kept.values())))
         return kept
-    monkeypatch.setattr(row_cache, "plan", spy)
+    monkeypatch.setattr(row_passes, "plan", spy)
     return out
 
 
@@ -112,3 +114,46 @@ def test_symbolic_rows_keep_nothing_and_match_eager(planned):
         x = torch.randn(5, n)
         torch.testing.assert_close(fn(x), F.layer_norm(F.gelu(F.layer_norm(x, (n,))), (n,)), rtol=1e-4, atol=1e-5)
     assert planned and not any(ops for _, ops in planned), planned
+
+
+def _erf_summed_down_columns(n: int) -> str:
+    """erf(a) stored, and g * erf(a) summed over the middle dim, down columns (as the Mixer's backward
+    GELU kernel stores the GELU it recomputes beside its gradient's bias-gradient sum)."""
+    t = f"f32[64,16,{n}]"
+    return (f"graph g(%a: {t}, %g: {t}) -> ({t}, f32[64,{n}]) {{\n"
+            f"  %0: {t} = erf %a\n  %1: {t} = mul %g %0\n"
+            f"  %2: f32[64,{n}] = sum %1 [dims=(1,), keepdim=false]\n  return %0, %2\n}}")
+
+
+def test_stores_that_read_no_last_stage_result_run_in_a_stage_loop():
+    from minicomp.codegen.columns import columns
+    for text, column in ((_erf_summed_down_columns(256), True), (_erf_then_variance(512), False)):
+        ks = _kernels(text)
+        assert len(ks) == 1 and columns(ks[0]) == column
+        k = ks[0]
+        want = [0] if column else [len(k.stages)]  # the variance's stores read its last stage
+        assert row_passes.store_passes(k) == want
+        code, _ = generate_module(ks, whole=lambda k: True)
+        assert len(re.findall(r'call float @"minicomp_erf"', code)) == 1
+
+
+def _stored_beside_reductions(x, g):
+    e = torch.erf(x) * g
+    c = x - x.mean(-1, keepdim=True)  # reads the first stage's mean: stored in the variance's loop
+    return {"e": e, "col": e.sum(0), "row": e.sum(-1), "c": c, "var": (c * c).mean(-1),
+            "gelu_grad_cols": (g * torch.exp(-x * x)).view(4, -1, x.shape[-1]).sum(1)}
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "f64"])
+def test_stores_made_in_a_stage_loop_match_eager(dtype, threads, monkeypatch):
+    from minicomp.runtime import cpu
+    monkeypatch.setattr(cpu, "threads", lambda: threads)
+    monkeypatch.setattr(cpu, "PARALLEL_MIN_WORK", 1)
+    moved = []
+    passes = row_passes.store_passes
+    monkeypatch.setattr(row_passes, "store_passes", lambda k: moved.append((len(k.stages), passes(k))) or moved[-1][1])
+    x, g = (values(dtype, (24, 300), i).nan_to_num(0.0, 0.0, 0.0).clamp(-3, 3) for i in (0, 1))
+    x[5, 3] = NAN
+    compare_compiled(_stored_beside_reductions, x, g, tol=3e-2 if dtype == "f16" else 1e-4)
+    assert any(q < n for n, qs in moved for q in qs), moved
