@@ -49,6 +49,20 @@ def runs_in_torch(node: Node, kernel_ops) -> bool:
     return False
 
 
+def stored_anyway(graph: Graph, kernel_ops) -> set:
+    """The values in memory whatever fuses: graph outputs and the operands and results of torch ops,
+    and the value each of those views (a matmul over `dy.reshape(B*T, C)` reads dy's buffer)."""
+    out = set()
+    for n in [o for o in graph.outputs if o is not None] + [a for n in graph.nodes if runs_in_torch(n, kernel_ops)
+                                                           for a in (n, *n.args)]:
+        while n not in out:
+            out.add(n)
+            if n.op not in OPS or OPS[n.op].category != "view" or not n.args:
+                break
+            n = n.args[0]
+    return out
+
+
 class Scheduler:
     def __init__(self, graph: Graph, materialized: set, why: dict, kernel_ops):
         self.graph, self.M, self.why, self.kernel_ops = graph, materialized, why, kernel_ops
@@ -60,8 +74,7 @@ class Scheduler:
         self.torch_views: set = set()
         self.last_error: NotFusable | None = None
         self.order = {n: i for i, n in enumerate(graph.nodes)}
-        outputs = {o for o in graph.outputs if o is not None}
-        self.stored_anyway = outputs | {a for n in graph.nodes if runs_in_torch(n, kernel_ops) for a in n.args}
+        self.stored_anyway = stored_anyway(graph, kernel_ops)
 
     def has_buffer(self, node: Node) -> bool:
         """In memory, contiguous: inputs, constants, stored values, results of torch ops (not torch

@@ -105,6 +105,15 @@ def test_a_column_sum_to_few_columns_splits_its_rows():
     # ... or a graph output
     "graph g(%x: f32[1024,256]) -> (f32[1024,256], f32[256]) {\n  %0: f32[1024,256] = exp %x\n"
     "  %1: f32[256] = sum %0 [dims=(0,), keepdim=false]\n  return %0, %1\n}\n",
+    # ... or a matmul's operand through a view (a linear's bias gradient over [B, T, C]: dy.sum((0, 1))
+    # beside dy.reshape(B*T, C) @ W)
+    "graph g(%x: f32[8,128,256], %w: f32[256,64]) -> (f32[1024,64], f32[256]) {\n  %0: f32[8,128,256] = exp %x\n"
+    "  %1: f32[256] = sum %0 [dims=(0, 1), keepdim=false]\n  %2: f32[1024,256] = reshape %0 [shape=(1024, 256)]\n"
+    "  %3: f32[1024,64] = mm %2 %w\n  return %3, %1\n}\n",
+    # ... or a graph output's view
+    "graph g(%x: f32[8,128,256]) -> (f32[1024,256], f32[256]) {\n  %0: f32[8,128,256] = exp %x\n"
+    "  %1: f32[256] = sum %0 [dims=(0, 1), keepdim=false]\n  %2: f32[1024,256] = reshape %0 [shape=(1024, 256)]\n"
+    "  return %2, %1\n}\n",
     # many columns: parallel work enough
     "graph g(%x: f32[64,8192]) -> (f32[8192]) {\n  %0: f32[64,8192] = exp %x\n"
     "  %1: f32[8192] = sum %0 [dims=(0,), keepdim=false]\n  return %1\n}\n",
@@ -125,3 +134,19 @@ def test_split_column_sum_fuses_with_its_producer_and_matches_eager(backend):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-4)
     big = [k for k in c.report().kernels if "sigmoid" in k.ops]
     assert len(big) == 1 and "sum" in big[0].ops and big[0].bytes_read == 2 * x.numel() * 4
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_a_bias_gradient_of_a_matmul_operand_sums_in_torch(backend):
+    """The value a matmul reads through a reshape is stored anyway: its column sum is torch's (no split
+    partials in our kernel), and the kernel that makes it computes it once."""
+    x, y, w = torch.randn(8, 128, 256), torch.randn(8, 128, 256), torch.randn(256, 64)
+
+    def f(x, y, w):
+        h = torch.sigmoid(x) * y
+        return h.reshape(-1, 256) @ w, h.sum((0, 1))
+    c = minicomp.compile(f, backend=backend)
+    for g, want in zip(c(x, y, w), f(x, y, w), strict=True):
+        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-3)
+    ks = c.report().kernels
+    assert [k.ops for k in ks if "sigmoid" in k.ops] and not any("sum" in k.ops for k in ks), [k.ops for k in ks]

@@ -13,8 +13,8 @@ only sum/prod/amax/amin (associative, NaN propagates through both levels) of f32
 f16/bf16 partials would round before the second level, where one level rounds once.
 Guarantees: the result's type is unchanged; reductions of fewer than MIN_ELEMENTS elements, or whose
 element count has no divisor in [MIN_PARTS, MAX_PARTS], are left alone; so is a column reduction
-of a value stored anyway (an input, a torch op's result or operand, a graph output), which runs in
-torch (compiler/schedule.py column_sum_in_torch).
+of a value stored anyway (an input, a torch op's result or operand, a graph output, or the value
+one of those views), which runs in torch (compiler/schedule.py column_sum_in_torch).
 """
 from __future__ import annotations
 
@@ -33,16 +33,6 @@ COLUMN_MAX_PARTS, COLUMN_MIN_ROWS = 64, 16
 def parts(n: int, most: int = MAX_PARTS, least: int = MIN_PARTS):
     """The most rows (at most `most`, at least `least`) that split n elements evenly."""
     return next((p for p in range(most, least - 1, -1) if n % p == 0), None)
-
-
-def _stored_anyway(graph: Graph, ctx) -> set:
-    from ..schedule import runs_in_torch
-    out = {o for o in graph.outputs if o is not None}
-    for n in graph.nodes:
-        if runs_in_torch(n, ctx.kernel_ops):
-            out.update(n.args)
-            out.add(n)
-    return out
 
 
 def _split_columns(n: Node, stored: set, ctx) -> list | None:
@@ -69,7 +59,8 @@ def _split_columns(n: Node, stored: set, ctx) -> list | None:
 
 def run(graph: Graph, ctx) -> Graph:
     nodes, replace = [], {}
-    stored = _stored_anyway(graph, ctx)
+    from ..schedule import stored_anyway
+    stored = stored_anyway(graph, ctx.kernel_ops)
     for n in graph.nodes:
         nodes.append(n)
         if n.op not in OPS or n.type.dtype not in DTYPES:
