@@ -79,12 +79,8 @@ class KernelCodegen:
         self.prestores, self.finish = ({}, set()) if self.columns else _prestores(kernel)
         self.symbols = kernel_symbols(kernel)  # sizes read at run time (ir/sym.py), in the sizes array's order
         self.sizes: dict = {}  # size expression (repr) -> its value, computed in the entry block
-        self.kept: dict = {}  # values later passes over a row load from a row buffer (row_passes.py)
-        # the inner stores each pass over a row makes: a store that reads none of the last stage's
-        # results runs in the loop of the stage that can compute it (row_passes.store_passes)
-        self.early: dict = {}
-        for st, q in zip(kernel.inner_stores, row_passes.store_passes(kernel)):
-            self.early.setdefault(q, []).append(st)
+        self.kept = row_passes.RowBuffers()  # values later passes over a row load (planned per row kernel)
+        self.early = row_passes.stores_by_pass(kernel)  # the inner stores each pass over a row makes
         self.row_bufs: dict = {}  # id(value) -> its row buffer (an alloca in the entry block)
 
     def size(self, x):
@@ -222,7 +218,7 @@ class KernelCodegen:
             b.store(I64(0), idx)
 
         def body():
-            self.load_kept(q)
+            self.kept.load(self, q)
             for r, acc, nan, idx, _ in slots:
                 x = self.value(r.value)
                 self.combine(r, x, acc, nan, idx)
@@ -230,7 +226,7 @@ class KernelCodegen:
                     self.store_value(st.buf, st.index, x)
             for st in self.early.get(q, ()):
                 self.store(st)
-            self.keep(q)
+            self.kept.keep(self, q)
         if blocking:
             blocked_nest(self, list(self.k.inner), *blocking, body, partials)
         else:
@@ -240,31 +236,6 @@ class KernelCodegen:
                 self.accs[id(r)] = self.ops.cast(b.load(idx), "i64", r.dtype)
                 continue
             self.accs[id(r)] = self.result(r, total, nan)
-
-    def row_index(self):
-        """The element's position in a row buffer: the inner loops' variables, row-major."""
-        idx = None
-        for v in self.k.inner:
-            i = self.vars[v.name]
-            idx = i if idx is None else self.b.add(self.b.mul(idx, I64(v.size)), i)
-        return idx
-
-    def keep(self, q: int) -> None:
-        """Pass q just computed the values it keeps for later passes: into their row buffers."""
-        for key, (e, source, _) in self.kept.items():
-            if source == q:
-                v = self.value(e)
-                if key not in self.row_bufs:
-                    self.row_bufs[key] = self.entry_alloca(v.type, row_passes.row_length(self.k))
-                self.b.store(v, self.b.gep(self.row_bufs[key], [self.row_index()], source_etype=v.type))
-
-    def load_kept(self, q: int) -> None:
-        """Pass q takes the values earlier passes kept from their row buffers, not computing them again."""
-        for key, (e, _, users) in self.kept.items():
-            if q in users:
-                buf = self.row_bufs[key]
-                ty = buf.allocated_type
-                self.scopes[-1][key] = self.b.load(self.b.gep(buf, [self.row_index()], source_etype=ty), typ=ty)
 
     def result(self, r, acc, nan):
         """Reduction r's value from its accumulator (a float max or min that saw NaN is NaN)."""
@@ -382,7 +353,7 @@ class KernelCodegen:
                 self.stage(reds, q)
             if self.early.get(len(k.stages)):
                 def stores():
-                    self.load_kept(len(k.stages))
+                    self.kept.load(self, len(k.stages))
                     for s in self.early[len(k.stages)]:
                         self.store(s)
                 self.nest(list(k.inner), stores)
@@ -390,7 +361,7 @@ class KernelCodegen:
                 self.store(s)
         pieces = split(k)
         if not pieces and not self.columns:
-            self.kept = row_passes.plan(k, row_passes.elem_bytes)
+            self.kept = row_passes.RowBuffers(row_passes.plan(k, row_passes.elem_bytes))
         if pieces:  # one loop nest per piece (pieces.py): a cat evaluates only its part
             for pc in pieces:
                 self.piece(pc, start, end)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from ..ir.kernel import Kernel, KExpr, walk
 from ..ir.ops import OPS
+from .llvm_values import I64
 
 MIN_COST = 6.0
 MAX_BYTES = 128 << 10
@@ -73,6 +74,14 @@ def store_passes(k: Kernel) -> list:
         q = max((stage_of.get(id(e.attrs["red"]), len(k.stages)) + 1 for e in walk([st.value]) if e.op == "acc"),
                 default=0)
         out.append(min(q, len(k.stages)))
+    return out
+
+
+def stores_by_pass(k: Kernel) -> dict:
+    """{pass: the inner stores it makes} (store_passes)."""
+    out: dict = {}
+    for st, q in zip(k.inner_stores, store_passes(k)):
+        out.setdefault(q, []).append(st)
     return out
 
 
@@ -127,3 +136,36 @@ def plan(k: Kernel, elem_bytes) -> dict:
                     continue
             stack.extend(e.args)
     return kept
+
+
+class RowBuffers:
+    """A row kernel's kept values in code (llvm.py KernelCodegen `cg`): `keep` stores what pass q
+    computed for later passes into their row buffers (allocas of one row each, made at the first
+    store), `load` gives pass q those values from the buffers, in place of computing them."""
+
+    def __init__(self, kept: dict | None = None):
+        self.kept, self.bufs = kept or {}, {}
+
+    @staticmethod
+    def _index(cg):
+        """The element's position in a row buffer: the inner loops' variables, row-major."""
+        idx = None
+        for v in cg.k.inner:
+            i = cg.vars[v.name]
+            idx = i if idx is None else cg.b.add(cg.b.mul(idx, I64(v.size)), i)
+        return idx
+
+    def keep(self, cg, q: int) -> None:
+        for key, (e, source, _) in self.kept.items():
+            if source == q:
+                v = cg.value(e)
+                if key not in self.bufs:
+                    self.bufs[key] = cg.entry_alloca(v.type, row_length(cg.k))
+                cg.b.store(v, cg.b.gep(self.bufs[key], [self._index(cg)], source_etype=v.type))
+
+    def load(self, cg, q: int) -> None:
+        for key, (e, _, users) in self.kept.items():
+            if q in users:
+                buf = self.bufs[key]
+                ty = buf.allocated_type
+                cg.scopes[-1][key] = cg.b.load(cg.b.gep(buf, [self._index(cg)], source_etype=ty), typ=ty)
