@@ -72,11 +72,13 @@ def _stepper(model, fn, inputs, target):
     return step
 
 
-def torch_time_per_step(model, inputs, target, backend: str, reps: int) -> float:
-    """Seconds a minicomp training step spends in torch's code that Inductor's step runs too: the
-    optimizer step, and the torch calls (matmuls, attention, convolutions) in the profiled forward
-    and backward programs (medians of each step, summed). What is left of a step is minicomp's
-    kernels and the call paths of ours, AOTAutograd's and autograd's."""
+def profiled_step_parts(model, inputs, target, backend: str, reps: int) -> tuple:
+    """(torch s, kernel s) per minicomp training step. torch: the seconds spent in torch's code that
+    Inductor's step runs too -- the optimizer step, and the torch calls (matmuls, attention,
+    convolutions) in the profiled forward and backward programs (medians of each step, summed);
+    kernel: the seconds in minicomp's own kernels, likewise. What is left of a step is the call
+    paths of ours, AOTAutograd's and autograd's, and the small torch calls Inductor fuses (a bias
+    gradient's sum)."""
     model = copy.deepcopy(model)
     fn = CompiledModule(model, dataclasses.replace(Options.make(backend=backend), profile=True))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
@@ -90,8 +92,10 @@ def torch_time_per_step(model, inputs, target, backend: str, reps: int) -> float
         opt.step()
         opt.zero_grad(set_to_none=True)
         opt_s.append(time.perf_counter() - t0)
-    calls = sum(statistics.median(st.samples) for st in fn.report().steps if st.kind == "torch" and st.samples)
-    return statistics.median(opt_s[2:]) + calls
+
+    def total(kind):
+        return sum(statistics.median(st.samples) for st in fn.report().steps if st.kind == kind and st.samples)
+    return statistics.median(opt_s[2:]) + total("torch"), total("kernel")
 
 
 def inductor_kernel_time_per_step(model, inputs, target, reps: int) -> float | None:
@@ -214,7 +218,8 @@ def bench_train_case(name: str, backend: str, reps: int, quick: bool) -> dict:
     steps = {k: _stepper(models[k], fn, case.inputs, target) for k, fn in fns.items()}
     t = time_interleaved(steps, reps)
     ind = t.get("inductor")
-    share = min(1.0, torch_time_per_step(case.fn, case.inputs, target, backend, reps) / t["minicomp"])
+    torch_s, kernel_s = profiled_step_parts(case.fn, case.inputs, target, backend, reps)
+    share, kernels = min(1.0, torch_s / t["minicomp"]), min(1.0, kernel_s / t["minicomp"])
     ind_kernels = inductor_kernel_time_per_step(case.fn, case.inputs, target, reps) if ind else None
     return {
         "case": name, "shape": case.shape,
@@ -223,6 +228,7 @@ def bench_train_case(name: str, backend: str, reps: int, quick: bool) -> dict:
         "vs_eager": t["minicomp"] / t["eager"], "vs_inductor": t["minicomp"] / ind if ind else None,
         "vs_noremat": t["minicomp"] / t["noremat"],
         "torch_share": share, "floor": share * t["minicomp"] / ind if ind else None,
+        "kernel_share": kernels, "kernel_free": (1 - kernels) * t["minicomp"] / ind if ind else None,
         "ind_kernel_share": ind_kernels / ind if ind_kernels else None,
         "bound": 1 - ind_kernels / ind if ind_kernels else None,
         "saved_kib": ours / 1024, "noremat_kib": no_remat / 1024,
@@ -242,6 +248,7 @@ COLUMNS = [  # (header, row key, format)
     ("remat=False ms", "noremat_ms", "{:.3f}"), ("inductor ms", "inductor_ms", "{:.3f}"),
     ("mc/eager", "vs_eager", "{:.2f}"), ("mc/inductor", "vs_inductor", "{:.2f}"), ("mc/no-remat", "vs_noremat", "{:.2f}"),
     ("torch", "torch_share", "{:.0%}"), ("floor", "floor", "{:.2f}"),
+    ("mc kernels", "kernel_share", "{:.0%}"), ("kernel-free", "kernel_free", "{:.2f}"),
     ("ind. kernels", "ind_kernel_share", "{:.0%}"), ("bound", "bound", "{:.2f}"),
     ("saved KiB", "saved_kib", "{:,.0f}"), ("remat=False KiB", "noremat_kib", "{:,.0f}"),
     ("torch min-cut KiB", "torch_kib", "{:,.0f}"), ("saved/no-remat", "saved_share", "{:.0%}"),
@@ -281,6 +288,8 @@ def format_train_table(rows: list) -> str:
                "min-cut partitioner on the same joint graph; torch = the share of minicomp's step in torch's code Inductor's "
                "step runs too (the optimizer step, and the matmuls, attention and convolutions of the profiled forward and "
                "backward); floor = that share x mc/inductor, the ratio left if minicomp's kernels and call paths cost nothing; "
+               "mc kernels = the share of minicomp's step in its own kernels (profiled); kernel-free = (1 - that share) x "
+               "mc/inductor, the ratio left if minicomp's kernels cost nothing and all else stays; "
                "ind. kernels = the share of Inductor's step in the kernels Inductor generates (profiled); bound = 1 - that "
                "share, the mc/inductor a compiler reaches whose kernels cost nothing and whose every other cost (torch's "
                "matmuls and optimizer, Dynamo, AOTAutograd, autograd) is Inductor's; compile s = the first step (cold disk "

@@ -93,6 +93,9 @@ def test_training_rows_say_how_much_of_a_step_is_torch_code():
     row, = run_train(["mlp_gelu_train"], backend="cpu", reps=2, quick=True)
     assert row["ok"] and 0 < row["torch_share"] <= 1
     assert row["floor"] is None or abs(row["floor"] - row["torch_share"] * row["vs_inductor"]) < 1e-9
+    # minicomp's own kernels: a share of the step beside torch's, and the ratio left without them
+    assert 0 < row["kernel_share"] <= 1
+    assert row["kernel_free"] is None or abs(row["kernel_free"] - (1 - row["kernel_share"]) * row["vs_inductor"]) < 1e-9
     assert row["saved_kib"] < row["noremat_kib"]
     # the compile's floor: a first step through Dynamo and AOTAutograd that compiles nothing
     assert row["trace_s"] is not None and 0 < row["trace_s"]
@@ -103,6 +106,7 @@ def test_training_rows_say_how_much_of_a_step_is_torch_code():
         assert abs(row["compile_vs_inductor"] - row["compile_s"] / row["inductor_compile_s"]) < 1e-9
     table = format_train_table([row])
     assert "torch" in table.splitlines()[0] and "floor" in table.splitlines()[0]
+    assert "mc kernels" in table.splitlines()[0] and "kernel-free" in table.splitlines()[0]
     assert "trace/ind." in table.splitlines()[0] and "compile/ind." in table.splitlines()[0]
 
 
