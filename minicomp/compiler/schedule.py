@@ -63,6 +63,27 @@ def stored_anyway(graph: Graph, kernel_ops) -> set:
     return out
 
 
+def _reduction_reads(graph: Graph, kernel_ops) -> dict:
+    """{(value, reduced dims): the reductions (sum, prod, amax, amin) over those dims of a pointwise
+    expression of that value, of the reduced input's shape}: the kernels a column sum of the value
+    could join."""
+    out: dict = {}
+    for r in graph.nodes:
+        if r.op not in ("sum", "prod", "amax", "amin") or runs_in_torch(r, kernel_ops):
+            continue
+        key, shape = tuple(sorted(r.attrs["dims"])), r.args[0].type.shape
+        seen, stack = set(), [r.args[0]]
+        while stack:
+            x = stack.pop()
+            if x in seen or x.type.shape != shape:
+                continue
+            seen.add(x)
+            out.setdefault((x, key), set()).add(r)
+            if x.op in OPS and OPS[x.op].category == "pointwise" and not runs_in_torch(x, kernel_ops):
+                stack.extend(a for a in x.args if isinstance(a, Node))
+    return out
+
+
 class Scheduler:
     def __init__(self, graph: Graph, materialized: set, why: dict, kernel_ops):
         self.graph, self.M, self.why, self.kernel_ops = graph, materialized, why, kernel_ops
@@ -75,6 +96,7 @@ class Scheduler:
         self.last_error: NotFusable | None = None
         self.order = {n: i for i, n in enumerate(graph.nodes)}
         self.stored_anyway = stored_anyway(graph, kernel_ops)
+        self.reduction_reads = _reduction_reads(graph, kernel_ops)
 
     def has_buffer(self, node: Node) -> bool:
         """In memory, contiguous: inputs, constants, stored values, results of torch ops (not torch
@@ -208,11 +230,18 @@ class Scheduler:
         """A sum down the columns (the last dim kept: a bias gradient) of a value stored anyway (a
         matmul's operand or result, an input) runs in torch: with nothing to fuse into it, torch's
         reduction (each thread summing whole rows of its own, then combined) streams a little faster
-        than our column kernels (codegen/columns.py: each thread a tile of columns down all the rows)."""
+        than our column kernels (codegen/columns.py: each thread a tile of columns down all the rows).
+        Unless a kernel sums it down those columns already: then it is one more accumulator there
+        (a layer_norm's bias gradient beside its weight gradient: 3 torch calls fewer per NormStack
+        backward)."""
         if node.op != "sum" or node.args[0].type.ndim < 2 or node.args[0].type.ndim - 1 in node.attrs["dims"]:
             return False
         x = node.args[0]
-        return x.op in ("input", "constant") or runs_in_torch(x, self.kernel_ops) or x in self.stored_anyway
+        if not (x.op in ("input", "constant") or runs_in_torch(x, self.kernel_ops) or x in self.stored_anyway):
+            return False
+        # another reduction over the same dims reads x (a layer_norm's weight gradient, sum(dy * x_hat),
+        # beside its bias gradient, sum(dy)): the sum joins that kernel, one more accumulator per column
+        return not self.reduction_reads.get((x, tuple(sorted(node.attrs["dims"]))), set()) - {node}
 
     def run(self) -> Schedule:
         for node in self.graph.nodes:

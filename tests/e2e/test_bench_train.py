@@ -99,8 +99,9 @@ def test_training_rows_say_how_much_of_a_step_is_torch_code():
     assert row["saved_kib"] < row["noremat_kib"]
     # the compile's floor: a first step through Dynamo and AOTAutograd that compiles nothing
     assert row["trace_s"] is not None and 0 < row["trace_s"]
-    # minicomp's own part of the first step (the cut, both graphs' code; LLVM's share of it)
-    assert 0 < row["llvm_s"] < row["own_s"] < row["compile_s"]
+    # minicomp's own part of the first step (the cut, both graphs' code, the waits for LLVM); LLVM
+    # works in the background, partly beside Dynamo and AOTAutograd, so its seconds may pass own's
+    assert 0 < row["own_s"] < row["compile_s"] and 0 < row["llvm_s"] < row["compile_s"]
     if row["inductor_compile_s"]:
         assert abs(row["trace_vs_inductor"] - row["trace_s"] / row["inductor_compile_s"]) < 1e-9
         assert abs(row["compile_vs_inductor"] - row["compile_s"] / row["inductor_compile_s"]) < 1e-9

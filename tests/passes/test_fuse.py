@@ -360,6 +360,27 @@ def test_a_column_sum_of_a_stored_value_runs_in_torch():
     assert any("exp sum" in k.attrs["fused"] for k in kernels(fused))
 
 
+LN_GRADS = """graph f(%dy: f32[64,32], %xhat: f32[64,32], %w: f32[32,16]) -> (f32[64,16], f32[32], f32[32]) {
+  %0: f32[64,16] = mm %dy %w
+  %1: f32[64,32] = mul %dy %xhat
+  %2: f32[32] = sum %1 [dims=(0,), keepdim=false]
+  %3: f32[32] = sum %dy [dims=(0,), keepdim=false]
+  return %0, %2, %3
+}
+"""
+
+
+def test_a_column_sum_of_a_stored_value_joins_a_kernel_summing_it_down_the_same_columns():
+    """A layer_norm's bias gradient sum(dy) beside its weight gradient sum(dy * x_hat): dy is stored
+    anyway (an input, a matmul's operand), but a kernel reads it down those columns already, so the
+    bias gradient is one more accumulator there, not a torch call."""
+    fused, _ = compile_text(LN_GRADS)
+    agree(LN_GRADS, fused)
+    assert not [n for n in fused.nodes if n.op == "sum"]  # no torch sum
+    k, = kernels(fused)
+    assert k.meta["kernel"].ops.count("sum") == 2
+
+
 LINEAR_GELU = """graph f(%x: f32[8,16], %b: f32[16]) -> (f32[8,16], f32[2,4,16]) {
   %0: f32[8,16] = add %x %b
   %1: f32[2,4,16] = reshape %0 [shape=(2, 4, 16)]
