@@ -45,7 +45,7 @@ import llvmlite.ir as ir
 
 from ..ir import sym
 from ..ir.index import Expr, Var
-from ..ir.kernel import Kernel, KExpr, check_sites, kernel_symbols, site, walk
+from ..ir.kernel import Kernel, KExpr, check_sites, kernel_symbols, site
 from .blocked_sums import blocked_nest, sum_blocking
 from .columns import columns, emit_columns
 from .pieces import split
@@ -76,7 +76,7 @@ class KernelCodegen:
         self.failed = None  # alloca: a run-time check failed (kernels that gather or divide integers)
         self.sites = check_sites(kernel)
         self.columns = columns(kernel)  # a reduction down columns (columns.py): no prestores there
-        self.prestores, self.finish = ({}, set()) if self.columns else _prestores(kernel)
+        self.prestores, self.finish = ({}, set()) if self.columns else row_passes.prestores(kernel)
         self.symbols = kernel_symbols(kernel)  # sizes read at run time (ir/sym.py), in the sizes array's order
         self.sizes: dict = {}  # size expression (repr) -> its value, computed in the entry block
         self.kept = row_passes.RowBuffers()  # values later passes over a row load (planned per row kernel)
@@ -361,7 +361,7 @@ class KernelCodegen:
                 self.store(s)
         pieces = split(k)
         if not pieces and not self.columns:
-            self.kept = row_passes.RowBuffers(row_passes.plan(k, row_passes.elem_bytes))
+            self.kept = row_passes.RowBuffers(row_passes.plan(k, row_passes.elem_bytes, self.finish))
         if pieces:  # one loop nest per piece (pieces.py): a cat evaluates only its part
             for pc in pieces:
                 self.piece(pc, start, end)
@@ -381,30 +381,6 @@ class KernelCodegen:
         with self.b.goto_block(self.entry):
             self.b.branch(start_bb)
         return fn
-
-
-def _prestores(k: Kernel):
-    """Inner stores `v op s` (op: div or mul, s fixed per row) whose v is what the last stage reduces:
-    the stage writes v to the output as it goes, the store loop only scales it -- softmax computes
-    each exp once. Returns ({id(reduction): [stores]}, {id(store)})."""
-    if not k.stages or not k.inner_stores:
-        return {}, set()
-    inner = {v.name for v in k.inner}
-    pre, finish = {}, set()
-    for st in k.inner_stores:
-        e = st.value
-        if e.op not in ("div", "mul") or k.buffers[st.buf].dtype != e.dtype or e.args[0].dtype != e.dtype:
-            continue
-        r = next((r for r in k.stages[-1] if r.op == "sum" and r.value is e.args[0]), None)
-        if r is not None and not _uses(e.args[1], inner):
-            pre.setdefault(id(r), []).append(st)
-            finish.add(id(st))
-    return pre, finish
-
-
-def _uses(e: KExpr, names: set) -> bool:
-    return any(x.op == "load" and names & x.attrs["index"].vars() or x.op == "index" and names & x.attrs["expr"].vars()
-               for x in walk([e]))
 
 
 def _entry(fn: ir.Function) -> ir.Function:

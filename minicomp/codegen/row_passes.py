@@ -18,6 +18,9 @@ computing what it needs from the loads up. Two things made passes compute a valu
   (x - mean: a load and two ops) are computed again, which costs about what a store and a load
   would. Only rows of a constant length keep values, at most MAX_BYTES of buffers per kernel (each
   thread running the kernel has its own, on its stack); reductions down columns keep none.
+- **Prestores** (`prestores`): a store `v / s` or `v * s` whose v is what the last stage sums (a
+  softmax's exp(x - max)) is written by that stage as it sums, and the stores' pass only scales
+  the output in place: each exp computed once, and no row buffer for it.
 """
 from __future__ import annotations
 
@@ -64,6 +67,25 @@ def row_length(k: Kernel) -> int:
     return n
 
 
+def prestores(k: Kernel):
+    """Inner stores `v op s` (op: div or mul, s fixed per row) whose v is what the last stage reduces:
+    the stage writes v to the output as it goes, the store loop only scales it -- softmax computes
+    each exp once. Returns ({id(reduction): [stores]}, {id(store)})."""
+    if not k.stages or not k.inner_stores:
+        return {}, set()
+    inner = {v.name for v in k.inner}
+    pre, finish = {}, set()
+    for st in k.inner_stores:
+        e = st.value
+        if e.op not in ("div", "mul") or k.buffers[st.buf].dtype != e.dtype or e.args[0].dtype != e.dtype:
+            continue
+        r = next((r for r in k.stages[-1] if r.op == "sum" and r.value is e.args[0]), None)
+        if r is not None and id(e.args[1]) not in _varying([e.args[1]], inner):
+            pre.setdefault(id(r), []).append(st)
+            finish.add(id(st))
+    return pre, finish
+
+
 def store_passes(k: Kernel) -> list:
     """The pass each inner store runs in: the first stage after every stage whose result it reads
     (a store that reads none of the last stage's results runs in a stage's loop, not in a pass of
@@ -85,13 +107,14 @@ def stores_by_pass(k: Kernel) -> dict:
     return out
 
 
-def passes(k: Kernel) -> list:
+def passes(k: Kernel, finish=frozenset()) -> list:
     """The roots each pass over a row evaluates: each stage's reduced values and the inner stores
-    that run in it, then the inner stores left for a pass of their own."""
+    that run in it, then the inner stores left for a pass of their own (a store in `finish` only
+    scales what its stage wrote: prestores)."""
     out = [[r.value for r in stage] for stage in k.stages]
     rest = []
     for st, q in zip(k.inner_stores, store_passes(k)):
-        (out[q] if q < len(k.stages) else rest).append(st.value)
+        (out[q] if q < len(k.stages) else rest).append(st.value.args[1] if id(st) in finish else st.value)
     if rest:
         out.append(rest)
     return out
@@ -107,13 +130,13 @@ def _reach(roots) -> set:
     return seen
 
 
-def plan(k: Kernel, elem_bytes) -> dict:
+def plan(k: Kernel, elem_bytes, finish=frozenset()) -> dict:
     """{id(value): (value, the pass that stores it, the later passes that load it)} for the values
     kept in a row buffer; `elem_bytes(value)` is what one element of its buffer takes."""
     if len(k.stages) + bool(k.inner_stores) < 2 or not k.inner or not all(isinstance(v.size, int) for v in k.inner):
         return {}
     row = row_length(k)
-    roots = passes(k)
+    roots = passes(k, finish)
     varying = _varying([e for r in roots for e in r], {v.name for v in k.inner})
     reach = [_reach(r) for r in roots]
     kept: dict = {}

@@ -57,6 +57,19 @@ def test_cheap_values_are_computed_again():
     assert row_passes.plan(ks[0], row_passes.elem_bytes) == {}
 
 
+def test_a_softmax_keeps_no_row_buffer():
+    """softmax's last stage writes exp(x - max) into the output as it sums it (prestores), and the
+    stores only scale the output: no pass needs the exp again, so no row buffer and no alloca."""
+    ks = _kernels("graph g(%x: f32[64,2048]) -> (f32[64,2048]) {\n"
+                  "  %0: f32[64,1] = amax %x [dims=(1,), keepdim=true]\n  %1: f32[64,2048] = sub %x %0\n"
+                  "  %2: f32[64,2048] = exp %1\n  %3: f32[64,1] = sum %2 [dims=(1,), keepdim=true]\n"
+                  "  %4: f32[64,2048] = div %2 %3\n  return %4\n}")
+    _, finish = row_passes.prestores(ks[0])
+    assert finish and row_passes.plan(ks[0], row_passes.elem_bytes, finish) == {}
+    text, _ = generate_module(ks, whole=lambda k: True)
+    assert "alloca float, i64" not in text
+
+
 def test_rows_past_the_budget_keep_nothing():
     n = row_passes.MAX_BYTES // 4 + 1
     ks = _kernels(_erf_then_variance(n))
@@ -75,8 +88,8 @@ def planned(monkeypatch):
     out = []
     plan = row_passes.plan
 
-    def spy(k, eb):
-        kept = plan(k, eb)
+    def spy(k, eb, finish=frozenset()):
+        kept = plan(k, eb, finish)
         out.append((len(k.inner), sorted(e.op for e, _, _ in kept.values())))
         return kept
     monkeypatch.setattr(row_passes, "plan", spy)
