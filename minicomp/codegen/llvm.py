@@ -81,7 +81,6 @@ class KernelCodegen:
         self.sizes: dict = {}  # size expression (repr) -> its value, computed in the entry block
         self.kept = row_passes.RowBuffers()  # values later passes over a row load (planned per row kernel)
         self.early = row_passes.stores_by_pass(kernel)  # the inner stores each pass over a row makes
-        self.row_bufs: dict = {}  # id(value) -> its row buffer (an alloca in the entry block)
 
     def size(self, x):
         """An extent, coefficient or divisor: a constant, or computed once from the symbols."""

@@ -96,7 +96,7 @@ class Scheduler:
         self.last_error: NotFusable | None = None
         self.order = {n: i for i, n in enumerate(graph.nodes)}
         self.stored_anyway = stored_anyway(graph, kernel_ops)
-        self.reduction_reads = _reduction_reads(graph, kernel_ops)
+        self.reduction_reads = None  # made at the first column sum of a stored value (_reduction_reads)
 
     def has_buffer(self, node: Node) -> bool:
         """In memory, contiguous: inputs, constants, stored values, results of torch ops (not torch
@@ -241,6 +241,8 @@ class Scheduler:
             return False
         # another reduction over the same dims reads x (a layer_norm's weight gradient, sum(dy * x_hat),
         # beside its bias gradient, sum(dy)): the sum joins that kernel, one more accumulator per column
+        if self.reduction_reads is None:
+            self.reduction_reads = _reduction_reads(self.graph, self.kernel_ops)
         return not self.reduction_reads.get((x, tuple(sorted(node.attrs["dims"]))), set()) - {node}
 
     def run(self) -> Schedule:
