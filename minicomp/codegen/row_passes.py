@@ -130,9 +130,9 @@ def _reach(roots) -> set:
     return seen
 
 
-def plan(k: Kernel, elem_bytes, finish=frozenset()) -> dict:
+def plan(k: Kernel, size_of, finish=frozenset()) -> dict:
     """{id(value): (value, the pass that stores it, the later passes that load it)} for the values
-    kept in a row buffer; `elem_bytes(value)` is what one element of its buffer takes."""
+    kept in a row buffer; `size_of(value)` is what one element of its buffer takes (elem_bytes)."""
     if len(k.stages) + bool(k.inner_stores) < 2 or not k.inner or not all(isinstance(v.size, int) for v in k.inner):
         return {}
     row = row_length(k)
@@ -151,7 +151,7 @@ def plan(k: Kernel, elem_bytes, finish=frozenset()) -> dict:
             seen.add(id(e))
             source = next((p for p in range(q) if id(e) in reach[p]), None)
             if source is not None and _cost(e, varying, kept, memo) >= MIN_COST:
-                size = row * elem_bytes(e)
+                size = row * size_of(e)
                 if used + size <= MAX_BYTES:
                     kept[id(e)] = (e, source, {p for p in range(source + 1, len(roots)) if id(e) in reach[p]})
                     used += size
@@ -187,7 +187,7 @@ class RowBuffers:
                 cg.b.store(v, cg.b.gep(self.bufs[key], [self._index(cg)], source_etype=v.type))
 
     def load(self, cg, q: int) -> None:
-        for key, (e, _, users) in self.kept.items():
+        for key, (_, _, users) in self.kept.items():
             if q in users:
                 buf = self.bufs[key]
                 ty = buf.allocated_type
