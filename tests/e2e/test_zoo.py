@@ -17,7 +17,8 @@ TRAIN_EXTERNS = {
     "small_cnn": {"aten.convolution_backward.default", "aten.max_pool2d_with_indices_backward.default",
                   "aten.avg_pool2d_backward.default"},
     "reductions": {"aten.cumprod.default"},                                   # prod's backward
-    "embedding": {"aten.index_put.default", "aten.scatter_add.default",      # embedding's and gather's backward
+    "embedding": {"aten.embedding_dense_backward.default",                   # embedding's backward (eager's kernel)
+                  "aten.index_put.default", "aten.scatter_add.default",      # advanced indexing's and gather's
                   "aten.index_add.default"},                                  # index_select's backward
 }
 
