@@ -24,6 +24,8 @@ computing what it needs from the loads up. Two things made passes compute a valu
 """
 from __future__ import annotations
 
+import math
+
 from ..ir.kernel import Kernel, KExpr, walk
 from ..ir.ops import OPS
 from .llvm_values import I64
@@ -61,10 +63,7 @@ def elem_bytes(e: KExpr) -> int:
 
 
 def row_length(k: Kernel) -> int:
-    n = 1
-    for v in k.inner:
-        n *= v.size
-    return n
+    return math.prod(v.size for v in k.inner)
 
 
 def prestores(k: Kernel):

@@ -14,7 +14,8 @@ f16/bf16 partials would round before the second level, where one level rounds on
 Guarantees: the result's type is unchanged; reductions of fewer than MIN_ELEMENTS elements, or whose
 element count has no divisor in [MIN_PARTS, MAX_PARTS], are left alone; so is a column reduction
 of a value stored anyway (an input, a torch op's result or operand, a graph output, or the value
-one of those views), which runs in torch (compiler/schedule.py column_sum_in_torch).
+one of those views), which runs in torch or joins a kernel that sums it down the same columns
+already (compiler/schedule.py column_sum_in_torch).
 """
 from __future__ import annotations
 
@@ -35,17 +36,15 @@ def parts(n: int, most: int = MAX_PARTS, least: int = MIN_PARTS):
     return next((p for p in range(most, least - 1, -1) if n % p == 0), None)
 
 
-def _split_columns(n: Node, stored: set, ctx) -> list | None:
+def _split_columns(n: Node, stored: set) -> list | None:
     """[R..., K...] reduced over its leading dims -> [P, R/P, K] partials over R/P, then over P."""
-    from ..schedule import runs_in_torch
     x = n.args[0]
     dims, shape = tuple(sorted(n.attrs["dims"])), x.type.shape
     k = len(dims)
     if not 0 < k < len(shape) or dims != tuple(range(k)) or any(not isinstance(s, int) for s in shape):
         return None  # (over a symbolic size: not split)
     rows, cols = math.prod(shape[:k]), math.prod(shape[k:])
-    if cols > COLUMN_MAX_OUTPUTS or rows * cols < MIN_ELEMENTS or x.op in ("input", "constant") or x in stored \
-            or runs_in_torch(x, ctx.kernel_ops):
+    if cols > COLUMN_MAX_OUTPUTS or rows * cols < MIN_ELEMENTS or x.op in ("input", "constant") or x in stored:
         return None
     p = parts(rows, COLUMN_MAX_PARTS, 2)
     if p is None or rows // p < COLUMN_MIN_ROWS:
@@ -66,7 +65,7 @@ def run(graph: Graph, ctx) -> Graph:
         if n.op not in OPS or n.type.dtype not in DTYPES:
             continue
         if math.prod(n.type.shape) != 1:
-            split = _split_columns(n, stored, ctx)
+            split = _split_columns(n, stored)
             if split is not None:
                 nodes[-1:] = split
                 replace[n] = split[-1]
