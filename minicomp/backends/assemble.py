@@ -8,6 +8,8 @@ program's report) -- the Program runs the same steps either way.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..errors import MinicompError
@@ -67,8 +69,9 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu", sizes=No
             continue
         if n in views:
             if n in needed:
-                root, size, stride, offset = views[n]
-                steps.append(AsStrided(slot[root], slot[n], size, stride, offset))
+                root, size, stride, offset, guarded = views[n]
+                steps.append(AsStrided(slot[root], slot[n], size, stride, offset,
+                                       _view_chain(n, root, device) if guarded else None, n in outputs))
                 names.append(f"minicomp {ctx.name} view")
                 timers.append(None)  # a view of a known layout: no time worth a clock read
             continue
@@ -105,7 +108,24 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu", sizes=No
     return program, detail
 
 
+def _view_chain(n, root, device):
+    """The torch ops from `root` to view `n` as one function (a guarded view's path when its root
+    is not contiguous: layout.py)."""
+    chain = []
+    while n is not root:
+        chain.append(_torch_fn(n, device))
+        n = n.args[0]
+    chain.reverse()
+
+    def views(x):
+        for f in chain:
+            x = f(x)
+        return x
+    return views
+
+
 _DIRECT = {"mm": torch.mm, "bmm": torch.bmm}  # ops whose reference is just this torch function of the operands
+_REDUCTIONS = {"sum": torch.sum, "amax": torch.amax, "amin": torch.amin}  # over dims: one call with the attributes
 
 
 def _torch_fn(node, device):
@@ -118,6 +138,10 @@ def _torch_fn(node, device):
         return lambda t: t[i]
     if node.op in _DIRECT:
         return _DIRECT[node.op]
+    if node.op in _REDUCTIONS and attrs["dims"]:
+        dtype = DTYPES[node.type.dtype] if node.op == "sum" else None  # sum keeps the operand's dtype (ops.py)
+        return functools.partial(_REDUCTIONS[node.op], dim=tuple(attrs["dims"]), keepdim=attrs["keepdim"],
+                                 **({"dtype": dtype} if dtype is not None else {}))
     if node.op == "extern":
         direct = _direct_extern(attrs, len(node.args))
         if direct is not None:

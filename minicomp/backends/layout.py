@@ -3,7 +3,9 @@
 The IR carries no strides (ir/types.py): layout is the backends' decision. Program makes the inputs
 kernels read and the constants contiguous, kernels write contiguous buffers, and mm and bmm return
 new contiguous tensors. From those roots a chain of views is index arithmetic known now: computed
-once on meta tensors here, it runs as one `as_strided` instead of a dispatcher call per view. The
+once on meta tensors here, it runs as one `as_strided` instead of a dispatcher call per view. Other
+tensors (an input only torch ops read, a torch result) are contiguous in almost every call: their
+views take the same path behind a contiguity check, and the torch ops when it fails. The
 scheduler (compiler/schedule.py) asks the same question to see which reshapes torch would copy.
 
 Compiles run inside AOTAutograd's FakeTensorMode, which would turn these meta tensors into fake
@@ -56,29 +58,35 @@ def free_layout_inputs(graph) -> set:
 
 
 def static_views(graph, kernel_inputs, free=frozenset()) -> dict:
-    """{view node: (root node, size, stride, offset)} for the views whose layout is known when compiling.
+    """{view node: (root node, size, stride, offset, guarded)} for the views whose layout is known
+    when compiling, or known whenever their root is contiguous (`guarded`).
 
     Roots have a known contiguous layout at run time: inputs and constants (Program makes them
-    contiguous; not the `free` inputs, whose views run in torch), kernel results, mm and bmm results,
-    and torch results that kernels read (made contiguous). A chain of views (reshape, permute,
-    expand, slice) from a root is then one `as_strided` of the root, computed here by running the
-    ops on meta tensors -- a gpt block has twenty of them between its matmuls, each a few
-    microseconds through the dispatcher. A reshape that must copy ends the chain (it stays a torch
-    op), and so does a view a kernel reads that is not contiguous."""
+    contiguous), kernel results, mm and bmm results, and torch results that kernels read (made
+    contiguous). A chain of views (reshape, permute, expand, slice) from a root is then one
+    `as_strided` of the root, computed here by running the ops on meta tensors -- a gpt block has
+    twenty of them between its matmuls, each a few microseconds through the dispatcher. A reshape
+    that must copy ends the chain (it stays a torch op), and so does a view a kernel reads that is
+    not contiguous. The other roots -- `free` inputs (taken in whatever layout they come in) and
+    torch results no kernel reads -- are contiguous in almost every call (a saved activation, a
+    column sum) but not always (a transposed weight): their views are `guarded`, one as_strided
+    while the root is contiguous, the torch ops otherwise (Program checks at each call)."""
     with real_meta():
         return _static_views(graph, kernel_inputs, free)
 
 
 def _static_views(graph, kernel_inputs, free) -> dict:
     meta: dict = {}   # node -> (root node, meta tensor of the node, meta tensor of the root)
+    guarded: set = set()  # roots whose layout is only checked at run time
     out = {}
 
-    def root(n):
+    def root(n, unsure=False):
         t = meta_of(n)
         meta[n] = (n, t, t)
+        if unsure:
+            guarded.add(n)
     for n in graph.inputs:
-        if n not in free:
-            root(n)
+        root(n, n in free)
     for n in graph.nodes:
         if n.op == "constant" or (n.op == "getitem" and n.args[0].op == "kernel"):
             root(n)
@@ -87,9 +95,13 @@ def _static_views(graph, kernel_inputs, free) -> dict:
             t = OPS[n.op].ref([base_meta], n.attrs, "meta")
             if t._is_view() and t._base is root_meta and (n not in kernel_inputs or t.is_contiguous()):
                 meta[n] = (r, t, root_meta)
-                out[n] = (r, tuple(t.shape), t.stride(), t.storage_offset())
-            elif n in kernel_inputs or t.is_contiguous() and not t._is_view():  # made contiguous, or copied
+                out[n] = (r, tuple(t.shape), t.stride(), t.storage_offset(), r in guarded)
+            elif n in kernel_inputs:  # made contiguous
                 root(n)
+            elif t.is_contiguous() and not t._is_view():  # copied (of a root not contiguous after all: maybe not)
+                root(n, r in guarded)
         elif isinstance(n.type, TensorType) and (n in kernel_inputs or n.op in CONTIGUOUS_TORCH_OPS):
             root(n)  # a torch result made contiguous, or a new matmul result (always contiguous)
+        elif isinstance(n.type, TensorType):
+            root(n, True)  # a torch result in the layout torch gives it
     return out

@@ -115,20 +115,60 @@ def _program(text):
 def test_view_chains_of_known_layouts_are_one_as_strided_each():
     """Views of an mm result, of a stored kernel result and of an input at a storage offset: each
     chain is one AsStrided step (views only other views read are skipped). An input no kernel reads
-    (w, b, y: only matmuls take them) is not made contiguous and its views run in torch, on whatever
-    layout it comes in: b with any stride on its size-1 dim, and transposed."""
+    (w, b, y: only matmuls take them) is not made contiguous: its views are guarded, one as_strided
+    while it is contiguous and the torch ops otherwise, on whatever layout it comes in: b with any
+    stride on its size-1 dim, and transposed."""
     from minicomp.ir import interpret, parse
     from minicomp.runtime.program import AsStrided
     program = _program(VIEWS)
-    views = [(s.size, s.stride) for s in program.steps if isinstance(s, AsStrided)]
-    assert sorted(views) == sorted([((4, 6), (1, 4)),          # %1: mm result, transposed
-                                    ((3, 8, 2), (16, 1, 8)),   # %4: exp's buffer, reshaped and transposed
-                                    ((8, 6), (1, 8))])         # %10: x transposed
+    views = {(s.size, s.stride): s.fallback is not None for s in program.steps if isinstance(s, AsStrided)}
+    assert views == {((4, 6), (1, 4)): False,          # %1: mm result, transposed
+                     ((3, 8, 2), (16, 1, 8)): False,   # %4: exp's buffer, reshaped and transposed
+                     ((8, 6), (1, 8)): False,          # %10: x transposed
+                     ((4, 6), (1, 0)): True}           # %7: b expanded and transposed, b's layout checked
     assert program.contiguous_inputs == (0,), "only x, which the exp kernel reads, must be contiguous"
     x = torch.randn(100)[3:51].view(6, 8)  # contiguous, at storage offset 3
     w, y = torch.randn(8, 4), torch.randn(3, 2, 5)
-    for b in (torch.randn(1, 4), torch.randn(4).as_strided((1, 4), (77, 1)), torch.randn(4, 1).t()):
+    for b in (torch.randn(1, 4), torch.randn(4).as_strided((1, 4), (77, 1)), torch.randn(4, 1).t(),
+              torch.randn(1, 8)[:, ::2]):
         for got, want in zip(program(x, w, b, y), interpret(parse(VIEWS), x, w, b, y), strict=True):
+            torch.testing.assert_close(got, want)
+
+
+GUARDED = """graph g(%x: f32[6,8], %w: f32[8,4]) -> (f32[6,8], f32[4,4]) {
+  %0: f32[4,8] = permute %w [dims=(1, 0)]
+  %1: f32[6,4] = mm %x %w
+  %2: f32[6,8] = mm %1 %0
+  %3: f32[4] = sum %1 [dims=(0,), keepdim=false]
+  %4: f32[4,1] = reshape %3 [shape=(4, 1)]
+  %5: f32[1,4] = permute %4 [dims=(1, 0)]
+  %6: f32[4,4] = mm %4 %5
+  return %2, %6
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_views_of_a_root_of_unknown_layout_are_checked_at_each_call(backend):
+    """A free input (w: only matmuls and views read it) and a torch result no kernel reads (a column
+    sum) come in whatever layout the caller or torch gives: their views are one as_strided while
+    the root is contiguous, the chain of torch ops otherwise. Both paths give the interpreter's
+    results: w contiguous, at a storage offset, transposed, strided."""
+    from minicomp.backends import build
+    from minicomp.compiler.capture import make_context
+    from minicomp.compiler.pipeline import run_passes
+    from minicomp.ir import interpret, parse
+    from minicomp.options import Options
+    from minicomp.runtime.program import AsStrided
+    ctx = make_context(Options(backend=backend, verify=True), "t", "cpu")
+    program, _ = build(run_passes(parse(GUARDED), ctx), ctx, backend)
+    views = {(s.size, s.stride): s.fallback is not None for s in program.steps if isinstance(s, AsStrided)}
+    assert views == {((4, 8), (1, 4)): True,   # %0: w transposed
+                     ((4, 1), (1, 1)): True,   # %4: the sum's reshape
+                     ((1, 4), (1, 1)): True}   # %5: and its transpose
+    x = torch.randn(6, 8)
+    for w in (torch.randn(8, 4), torch.randn(4, 8).t(), torch.randn(8, 8)[:, 1::2], torch.randn(100)[7:39].view(8, 4)):
+        for got, want in zip(program(x, w), interpret(parse(GUARDED), x, w), strict=True):
             torch.testing.assert_close(got, want)
 
 
