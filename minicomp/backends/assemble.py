@@ -19,7 +19,7 @@ from ..ir.kernel import describe
 from ..ir.types import itemsize
 from ..report import KernelReport, StepReport
 from ..runtime.program import AsStrided, Program, TorchCall
-from .layout import free_layout_inputs, static_views
+from .layout import CONTIGUOUS_TORCH_OPS, free_layout_inputs, static_views
 
 
 def check_devices(graph_name: str, items, device, why: str = "the program reads it there") -> None:
@@ -80,7 +80,8 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu", sizes=No
             r = reports[n]
             step = StepReport(r.name, ctx.name, "kernel", r.label, r.ops, r.bytes_read, r.bytes_written, r.flops)
         else:
-            steps.append(TorchCall(_torch_fn(n, device), [slot[a] for a in n.args], slot[n], n in kernel_inputs))
+            steps.append(TorchCall(_torch_fn(n, device), [slot[a] for a in n.args], slot[n],
+                                   n in kernel_inputs and n.op not in CONTIGUOUS_TORCH_OPS))  # mm's: contiguous
             if n.op == "getitem":  # an element of a torch op's results: one Python index, no torch call
                 names.append(f"minicomp {ctx.name} getitem")
                 timers.append(None)  # nothing worth a clock read, and no roof of explain()'s to judge it by
