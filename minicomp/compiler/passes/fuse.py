@@ -199,15 +199,23 @@ class Fusion:
 
 def run(graph: Graph, ctx) -> Graph:
     sch, shared_only = conservative_schedule(graph, ctx.kernel_ops)
-    chosen, saved = set(), 0
+    chosen, saved, order = set(), 0, {n: i for i, n in enumerate(graph.nodes)}
     if shared_only and ctx.options.remat:
-        order = {n: i for i, n in enumerate(graph.nodes)}
         chosen, saved = rematerialize.choose(sch, shared_only, ctx.flops_per_byte, order)
-    if chosen:  # schedule again with the chosen values inlined into every kernel that reads them
+    new = chosen
+    for round_ in range(rematerialize.ROUNDS):  # schedule again with the chosen values inlined into every kernel that reads them
+        if not new:
+            break
         M, why, views = required_buffers(graph, ctx.kernel_ops)
         M |= sch.materialized - chosen
         why.update({n: r for n, r in sch.why_materialized.items() if n in M})
         sch = schedule(graph, M, why, views, ctx.kernel_ops)
+        if round_ + 1 == rematerialize.ROUNDS:
+            break
+        # the kernels that recompute a value now read what it is computed from: a value stored for
+        # its own kernel alone until then (x - mean, under x_hat's recomputation) may be worth it now
+        new, more_saved = rematerialize.choose(sch, shared_only - chosen, ctx.flops_per_byte, order)
+        chosen, saved = chosen | new, saved + more_saved
     ctx.fusion = Fusion(sch, chosen, saved)
     ctx.remat_bytes_saved = saved
     fused = build_graph(graph, sch)

@@ -1,7 +1,11 @@
 """Rematerialization for inference: which cheap shared values to recompute instead of storing.
 
 Not a pass of its own: the fusion stage (fuse.py) asks `choose` about the values its conservative
-schedule stored only because several kernels use them, then schedules once more. A value is
+schedule stored only because several kernels use them, then schedules once more, and asks again:
+a value recomputed inside its consumers makes them read what it is computed from, so a value no
+other kernel read before (a layer_norm backward's x - mean, once its x_hat = (x - mean) * rstd is
+recomputed in the kernel summing the weight gradient down the columns) may be worth recomputing
+now (at most ROUNDS schedules; the NormStack's backward writes 2.5 MB less a step). A value is
 recomputed inside every kernel that uses it when the flops that adds cost less time than the bytes
 it saves (a write and one read per consumer, less any new inputs the consumers must then load), at
 the backend's flops-per-byte balance point. (Training's forward/backward cut is partition.py.)
@@ -14,6 +18,7 @@ from ..schedule import KernelStep
 
 
 MAX_RECOMPUTE = 24  # op-table cost per element a recomputed value may inline (bounds chains of them)
+ROUNDS = 3  # schedules with recomputed values: after each, `choose` again (the readers changed)
 
 
 def _subtree(node, stored):
