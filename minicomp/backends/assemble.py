@@ -71,7 +71,8 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu", sizes=No
             if n in needed:
                 root, size, stride, offset, guarded = views[n]
                 steps.append(AsStrided(slot[root], slot[n], size, stride, offset,
-                                       _view_chain(n, root, device) if guarded else None, n in outputs))
+                                       _view_chain(n, root, device, n in kernel_inputs) if guarded else None,
+                                       n in outputs))
                 names.append(f"minicomp {ctx.name} view")
                 timers.append(None)  # a view of a known layout: no time worth a clock read
             continue
@@ -109,9 +110,10 @@ def assemble(graph, ctx, kernels, make_launch, keepalive, device="cpu", sizes=No
     return program, detail
 
 
-def _view_chain(n, root, device):
+def _view_chain(n, root, device, contiguous: bool = False):
     """The torch ops from `root` to view `n` as one function (a guarded view's path when its root
-    is not contiguous: layout.py)."""
+    is not contiguous: layout.py); `contiguous`: a kernel reads the view, so it is made contiguous
+    (the as_strided path gives a contiguous view there: layout.py checks)."""
     chain = []
     while n is not root:
         chain.append(_torch_fn(n, device))
@@ -121,7 +123,7 @@ def _view_chain(n, root, device):
     def views(x):
         for f in chain:
             x = f(x)
-        return x
+        return x.contiguous() if contiguous else x
     return views
 
 

@@ -172,6 +172,46 @@ def test_views_of_a_root_of_unknown_layout_are_checked_at_each_call(backend):
             torch.testing.assert_close(got, want)
 
 
+NOT_CONTIGUOUS = """graph g(%w: f32[4,6]) -> (f32[2,4]) {
+  %0: f32[6,4] = extern %w [args=($0, 0, 1), target="aten.transpose.int"]
+  %1: f32[2,4] = slice %0 [dim=0, start=0, end=2, step=1]
+  %2: f32[2,4] = exp %1
+  return %2
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_a_kernel_reads_a_view_of_a_torch_result_contiguous_whatever_its_layout(backend):
+    """A slice of a torch result is contiguous when the result is, but this one (a transpose) is
+    not: the slice's torch path makes it contiguous before the exp kernel reads it."""
+    from minicomp.backends import build
+    from minicomp.compiler.capture import make_context
+    from minicomp.compiler.pipeline import run_passes
+    from minicomp.ir import interpret, parse
+    from minicomp.options import Options
+    ctx = make_context(Options(backend=backend, verify=True), "t", "cpu")
+    program, _ = build(run_passes(parse(NOT_CONTIGUOUS), ctx), ctx, backend)
+    w = torch.randn(4, 6)
+    for got, want in zip(program(w), interpret(parse(NOT_CONTIGUOUS), w), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_guarded_view_a_kernel_reads_is_contiguous_on_either_path():
+    """Were the slice a kernel's operand itself (not folded into its index math), it would be a
+    guarded view: contiguous on the as_strided path (the layout says so), and made contiguous on
+    the torch path, whose slice of the transposed result is not."""
+    from minicomp.backends.assemble import _view_chain
+    from minicomp.backends.layout import static_views
+    from minicomp.ir import parse
+    graph = parse(NOT_CONTIGUOUS)
+    t, view = graph.nodes[0], graph.nodes[1]
+    root, size, stride, offset, guarded = static_views(graph, {view})[view]
+    assert root is t and guarded and (size, stride) == ((2, 4), (4, 1))
+    got = _view_chain(view, t, "cpu", contiguous=True)(torch.randn(4, 6).t())
+    assert got.is_contiguous() and got.shape == (2, 4)
+
+
 def _without_timers(source: str) -> str:
     """A generated call with its profiling lines taken out: clock reads and what gets their seconds."""
     return "".join(ln for ln in source.splitlines(keepends=True)
