@@ -142,9 +142,10 @@ def _torch_fn(node, device):
     if node.op in _DIRECT:
         return _DIRECT[node.op]
     if node.op in _REDUCTIONS and attrs["dims"]:
-        dtype = DTYPES[node.type.dtype] if node.op == "sum" else None  # sum keeps the operand's dtype (ops.py)
-        return functools.partial(_REDUCTIONS[node.op], dim=tuple(attrs["dims"]), keepdim=attrs["keepdim"],
-                                 **({"dtype": dtype} if dtype is not None else {}))
+        kw = {"dim": tuple(attrs["dims"]), "keepdim": attrs["keepdim"]}
+        if node.op == "sum":  # keeps the operand's dtype (ops.py)
+            kw["dtype"] = DTYPES[node.type.dtype]
+        return functools.partial(_REDUCTIONS[node.op], **kw)
     if node.op == "extern":
         direct = _direct_extern(attrs, len(node.args))
         if direct is not None:

@@ -98,7 +98,7 @@ def _static_views(graph, kernel_inputs, free) -> dict:
                 out[n] = (r, tuple(t.shape), t.stride(), t.storage_offset(), r in guarded)
             elif n in kernel_inputs:  # made contiguous
                 root(n)
-            elif t.is_contiguous() and not t._is_view():  # copied (of a root not contiguous after all: maybe not)
+            elif t.is_contiguous() and not t._is_view():  # copied: contiguous, unless a guarded root was not
                 root(n, r in guarded)
         elif isinstance(n.type, TensorType) and (n in kernel_inputs or n.op in CONTIGUOUS_TORCH_OPS):
             root(n)  # a torch result made contiguous, or a new matmul result (always contiguous)

@@ -203,7 +203,7 @@ def run(graph: Graph, ctx) -> Graph:
     if shared_only and ctx.options.remat:
         chosen, saved = rematerialize.choose(sch, shared_only, ctx.flops_per_byte, order)
     new = chosen
-    for round_ in range(rematerialize.ROUNDS):  # schedule again with the chosen values inlined into every kernel that reads them
+    for round_ in range(rematerialize.ROUNDS):  # schedule again, the chosen values inlined where read
         if not new:
             break
         M, why, views = required_buffers(graph, ctx.kernel_ops)
