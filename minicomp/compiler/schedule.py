@@ -237,13 +237,19 @@ class Scheduler:
         if node.op != "sum" or node.args[0].type.ndim < 2 or node.args[0].type.ndim - 1 in node.attrs["dims"]:
             return False
         x = node.args[0]
-        if not (x.op in ("input", "constant") or x in self.stored_anyway):  # (torch results are stored anyway)
+        if not (x.op in ("input", "constant") or x in self.stored_anyway and self._in_memory(x)):
             return False
         # another reduction over the same dims reads x (a layer_norm's weight gradient, sum(dy * x_hat),
         # beside its bias gradient, sum(dy)): the sum joins that kernel, one more accumulator per column
         if self.reduction_reads is None:
             self.reduction_reads = _reduction_reads(self.graph, self.kernel_ops)
         return not self.reduction_reads.get((x, tuple(sorted(node.attrs["dims"]))), set()) - {node}
+
+    def _in_memory(self, x: Node) -> bool:
+        """Whether a step gives x memory a torch op can read: a torch op's result, a torch view, or a
+        stored value. A value torch reads only through a view that would copy is not: the view's
+        copy is what is stored (required_buffers), so stored_anyway's walk up the views overstates."""
+        return x in self.M or x in self.torch_views or runs_in_torch(x, self.kernel_ops)
 
     def run(self) -> Schedule:
         for node in self.graph.nodes:

@@ -165,3 +165,27 @@ def test_a_value_computed_from_an_input_updated_in_place_is_saved_not_recomputed
         (got[0].sum() + got[1].sum()).backward()
         (want[0].sum() + want[1].sum()).backward()
         torch.testing.assert_close(w.grad, we.grad)
+
+
+class _AttentionWeights(nn.Module):
+    """nn.MultiheadAttention's averaged attention weights (need_weights=True, sequence first): its
+    backward sums the in-projection's gradient down columns of a reshape of permuted heads."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 2)
+
+    def forward(self, x):
+        out, weights = self.attn(x, x, x)
+        return out, weights
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_torch_nn_attention_layers_train(backend):
+    torch.manual_seed(0)
+    assert_matches_eager(_AttentionWeights(), torch.randn(5, 3, 16), backend=backend, rtol=1e-4, atol=1e-5)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True, activation="gelu")
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[0, 5:] = True
+    assert_matches_eager(lambda x: layer(x, src_key_padding_mask=pad), torch.randn(2, 7, 32, requires_grad=True),
+                         backend=backend, rtol=1e-4, atol=1e-5)

@@ -117,3 +117,29 @@ def test_a_column_sum_of_a_stored_value_joins_a_kernel_summing_it_down_the_same_
     assert not [n for n in fused.nodes if n.op == "sum"]  # no torch sum
     k, = kernels(fused)
     assert k.meta["kernel"].ops.count("sum") == 2
+
+
+# MultiheadAttention's in-projection weight gradient: the matmul reads a transpose of %3, a reshape
+# of permuted heads that torch would copy, so the kernel writes that transpose itself and %3 has no
+# buffer of its own; %3's column sum (the bias gradient) must then stay a kernel too
+COPIED_VIEW_SUM = """graph f(%h: f32[2,5,3,16], %x: f32[15,16]) -> (f32[32,16], f32[1,32]) {
+  %0: f32[2,5,3,16] = exp %h
+  %1: f32[2,5,3,1,16] = reshape %0 [shape=(2, 5, 3, 1, 16)]
+  %2: f32[1,5,3,2,16] = permute %1 [dims=(3, 1, 2, 0, 4)]
+  %3: f32[15,32] = reshape %2 [shape=(15, 32)]
+  %4: f32[32,15] = permute %3 [dims=(1, 0)]
+  %5: f32[32,16] = mm %4 %x
+  %6: f32[1,32] = sum %3 [dims=(0,), keepdim=true]
+  return %5, %6
+}
+"""
+
+
+def test_a_column_sum_of_a_value_torch_reads_only_through_a_copying_view_is_a_kernel():
+    """%3 is 'stored anyway' by the walk up a torch operand's views, but the operand's view would
+    copy, so a kernel stores the operand, not %3: a torch sum of %3 would read a value no step makes
+    (it crashed the build of nn.MultiheadAttention(need_weights=True)'s backward)."""
+    fused, _ = compile_text(COPIED_VIEW_SUM)
+    agree(COPIED_VIEW_SUM, fused)
+    assert not [n for n in fused.nodes if n.op == "sum"]  # no torch sum of a value with no buffer
+    assert any("sum" in k.attrs["fused"] for k in kernels(fused))
