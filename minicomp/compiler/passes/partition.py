@@ -177,7 +177,7 @@ def _bans(graph: Graph, forward: set, kernel_ops, max_cost: float, reductions: b
 
 def min_cut(graph: Graph, n_fwd: int, banned: dict, saveable, must_recompute) -> tuple[list, list]:
     """(saved values, values the backward computes without a tangent), by a minimum s-t cut."""
-    tangents, bw, forward, must_have = classify(graph, n_fwd)
+    _, bw, forward, must_have = classify(graph, n_fwd)
     everything = graph.inputs + graph.nodes
     pos = {n: i for i, n in enumerate(everything)}
     n_all = len(everything)
@@ -186,9 +186,7 @@ def min_cut(graph: Graph, n_fwd: int, banned: dict, saveable, must_recompute) ->
     edges = []  # (u, v, capacity); None: infinite
     for n in everything:
         i = pos[n]
-        if n in bw:
-            if n not in tangents:
-                edges.append(((i, "in"), "sink", None))
+        if n in bw:  # joined to the sink: an edge into it is an edge into the sink (half the vertices)
             continue
         if saveable(n) and isinstance(n.type, TensorType):
             free = n.op in ("input", "constant")
@@ -204,7 +202,7 @@ def min_cut(graph: Graph, n_fwd: int, banned: dict, saveable, must_recompute) ->
         if n in must_have:
             edges.append(((i, "out"), "sink", None))
         for u in users.get(n, ()):
-            edges.append(((i, "out"), (pos[u], "in"), None))
+            edges.append(((i, "out"), "sink" if u in bw else (pos[u], "in"), None))
     try:
         side = flow.sink_side(edges, "source", "sink")
     except nx.NetworkXUnbounded:
