@@ -6,7 +6,7 @@ new contiguous tensors. From those roots a chain of views is index arithmetic kn
 once on meta tensors here, it runs as one `as_strided` instead of a dispatcher call per view. Other
 tensors (an input only torch ops read, a torch result) are contiguous in almost every call: their
 views take the same path behind a contiguity check, and the torch ops when it fails. The
-scheduler (compiler/schedule.py) asks the same question to see which reshapes torch would copy.
+scheduler (compiler/buffers.py) asks the same question to see which reshapes torch would copy.
 
 Compiles run inside AOTAutograd's FakeTensorMode, which would turn these meta tensors into fake
 ones: every view then goes through the fake tensor's dispatch (about 1 ms a reshape when cold,

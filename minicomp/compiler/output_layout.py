@@ -10,7 +10,7 @@ strides that are dense in the order `order` (outermost dim first), as
     permute(copy(permute(v, order)), inverse(order))
 
 The copy is a buffer the kernel computing v writes along its rows (reading a channels-last input
-along its rows too); the scheduler (schedule.required_buffers) hands the outer permute out as a
+along its rows too); the scheduler (buffers.required_buffers) hands the outer permute out as a
 view of that buffer rather than writing it again. Outputs with strides that are not a dense
 permutation (a slice's, an expand's) and values that are inputs or constants keep the contiguous
 result of before. Symbolic strides count when they are dense as expressions, in the order their

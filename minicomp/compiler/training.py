@@ -35,7 +35,7 @@ from .passes import partition
 from .passes.channels_last import saved_nhwc as channels_last_saved
 from .passes.fusion_order import fusion_order
 from .pipeline import gc_paused
-from .schedule import runs_in_torch
+from .buffers import runs_in_torch
 from .sizes import size_env, symbolic
 
 log = logging.getLogger("minicomp")

@@ -477,7 +477,7 @@ def view_target(target: str) -> bool:
     """Whether extern `target` is a torch view op (view_as_complex, view.dtype): one that may demand
     strides of its operand (view_as_complex a last dim of stride 1). The fx graph may have made the
     operand contiguous with a clone, which the IR does not keep (a clone is its operand's value), so
-    the operand comes contiguous: a kernel writes it (compiler/schedule.py), and the reference
+    the operand comes contiguous: a kernel writes it (compiler/buffers.py), and the reference
     below copies one that is not. Not as_strided: its strides address the operand's storage, so a
     copy would change what it reads."""
     op = resolve_target(target)

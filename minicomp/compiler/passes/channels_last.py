@@ -8,7 +8,7 @@ layout is written into the graph as permutes:
 
     y = conv(x, w)   ->   z = conv_cl(permute(x, NHWC), permute(w, NHWC));  y = permute(z, NCHW)
 
-conv_cl's input and weight are buffers kernels write in that order (schedule.py materializes
+conv_cl's input and weight are buffers kernels write in that order (buffers.py materializes
 them): the kernel that computes x -- ReLU, a residual add -- writes it that way, reading the
 previous conv_cl's contiguous result through the permute as index math, and the weight is
 transposed each call (as Inductor's layout optimization does: the parameters may change between

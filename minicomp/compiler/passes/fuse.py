@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from ...ir import OPS, Graph, Node, sym
 from ...ir.kernel import walk
-from ..schedule import KernelStep, Schedule, required_buffers, schedule
+from ..buffers import required_buffers
+from ..schedule import KernelStep, Schedule, schedule
 from . import rematerialize
 
 

@@ -2,12 +2,12 @@
 
 mm and bmm read an operand that is transposed in its last two dims as it is (BLAS's transpose
 flag). An operand torch would copy to view -- a reshape of permuted heads, as attention's k^T
-is -- is written by a kernel (compiler/schedule.py required_buffers) in the operand's own order.
+is -- is written by a kernel (compiler/buffers.py required_buffers) in the operand's own order.
 For k^T = reshape(permute(k_heads, (0, 2, 3, 1))) that order walks the tokens innermost, a stride of
 a whole row in k's buffer, so the kernel gathers every element. This pass rewrites such an operand
 as permute(reshape(permute(k_heads, (0, 2, 1, 3))), (0, 2, 1)): the same values, with the transpose
 outside the reshape, where the scheduler writes the reshape along k's rows (a plain copy) and hands
-the matmul the transposed view (schedule.py _write_untransposed).
+the matmul the transposed view (buffers.py _write_untransposed).
 
 Assumes: views are index math, chains of views already collapsed (simplify_views). Guarantees: the
 values and types of the graph's nodes are unchanged; only matmul operands are rewritten, and only
@@ -16,7 +16,7 @@ where the new order reads along the dim that is contiguous in memory.
 from __future__ import annotations
 
 from ...ir import Graph, Node, TensorType
-from ..schedule import TRANSPOSED_OPERANDS, VIEW_OPS, last_two_strides, swapped_last_two, view_copies
+from ..buffers import TRANSPOSED_OPERANDS, VIEW_OPS, last_two_strides, swapped_last_two, view_copies
 from . import dce
 
 

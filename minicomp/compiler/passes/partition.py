@@ -38,7 +38,8 @@ import networkx as nx
 
 from ...errors import MinicompError
 from ...ir import OPS, Graph, Node, TensorType, sym
-from ..schedule import KernelStep, runs_in_torch
+from ..buffers import runs_in_torch
+from ..schedule import KernelStep
 from . import flow
 from .fusion_order import fusion_order
 from .rematerialize import MAX_RECOMPUTE

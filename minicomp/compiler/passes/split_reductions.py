@@ -58,7 +58,7 @@ def _split_columns(n: Node, stored: set) -> list | None:
 
 def run(graph: Graph, ctx) -> Graph:
     nodes, replace = [], {}
-    from ..schedule import stored_anyway
+    from ..buffers import stored_anyway
     stored = stored_anyway(graph, ctx.kernel_ops)
     for n in graph.nodes:
         nodes.append(n)
