@@ -8,6 +8,8 @@ from minicomp.compiler.passes import split_reductions
 from minicomp.ir import parse
 from minicomp.options import Options
 
+from tests.helpers import assert_matches_eager
+
 from .check import check_pass
 
 
@@ -150,3 +152,79 @@ def test_a_bias_gradient_of_a_matmul_operand_sums_in_torch(backend):
         torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-3)
     ks = c.report().kernels
     assert [k.ops for k in ks if "sigmoid" in k.ops] and not any("sum" in k.ops for k in ks), [k.ops for k in ks]
+
+
+def test_a_reduction_keeping_a_middle_dim_splits_its_biggest_reduced_dim_and_moves_p_first():
+    """A batch norm's mean over (N, H, W) of [N, C, H, W]: H (32 parts) is split, not N (8), and
+    P goes first, so the partials are [P, C] with C, the dim kept, last (integers: the sums are exact)."""
+    check_pass(split, """
+        graph g(%x: i64[8,32,32,32]) -> (i64[1,32,1,1]) {
+          %0: i64[8,32,32,32] = mul %x %x
+          %1: i64[1,32,1,1] = sum %0 [dims=(0, 2, 3), keepdim=true]
+          return %1
+        }
+    """, """
+        graph g(%x: i64[8,32,32,32]) -> (i64[1,32,1,1]) {
+          %0: i64[8,32,32,32] = mul %x %x
+          %1: i64[8,32,32,1,32] = reshape %0 [shape=(8, 32, 32, 1, 32)]
+          %2: i64[32,8,32,1,32] = permute %1 [dims=(2, 0, 1, 3, 4)]
+          %3: i64[32,32] = sum %2 [dims=(1, 3, 4), keepdim=false]
+          %4: i64[32] = sum %3 [dims=(0,), keepdim=false]
+          %5: i64[1,32,1,1] = reshape %4 [shape=(1, 32, 1, 1)]
+          return %5
+        }
+    """)
+
+
+@pytest.mark.parametrize("text", [
+    # the first dim kept: its rows are the parallel work (a row reduction over the last dim)
+    "graph g(%x: f32[64,4096]) -> (f32[64]) {\n  %0: f32[64,4096] = exp %x\n"
+    "  %1: f32[64] = sum %0 [dims=(1,), keepdim=false]\n  return %1\n}\n",
+    # ... and per (n, c) over (H, W): an instance norm's statistics
+    "graph g(%x: f32[4,16,64,64]) -> (f32[4,16]) {\n  %0: f32[4,16,64,64] = exp %x\n"
+    "  %1: f32[4,16] = sum %0 [dims=(2, 3), keepdim=false]\n  return %1\n}\n",
+])
+def test_reductions_keeping_the_first_dim_left_alone(text):
+    assert str(split(parse(text))) == text
+
+
+# a batch norm's mean and variance over channels-last data: [N, H, W, C] read as [N, C, H, W]
+BN_STATS = """graph g(%x: f32[8,32,32,32]) -> (f32[1,32,1,1], f32[1,32,1,1]) {
+  %0: f32[8,32,32,32] = permute %x [dims=(0, 3, 1, 2)]
+  %1: f32[8,32,32,32] = exp %0
+  %2: f32[1,32,1,1] = sum %1 [dims=(0, 2, 3), keepdim=true]
+  %3: f32[] = full [dtype=f32, shape=(), value=8192.0]
+  %4: f32[1,32,1,1] = div %2 %3
+  %5: f32[8,32,32,32] = sub %1 %4
+  %6: f32[8,32,32,32] = mul %5 %5
+  %7: f32[1,32,1,1] = sum %6 [dims=(0, 2, 3), keepdim=true]
+  return %4, %7
+}
+"""
+
+
+def test_batch_norm_statistics_over_channels_last_data_run_down_the_columns_by_parts():
+    """Both sums split into [P, C] partials whose kernels run down the channels (codegen/columns.py)
+    with P the first outer variable (what the threads divide), then small kernels over P."""
+    from minicomp.codegen.columns import columns
+    from tests.passes.test_fuse import agree, compile_text
+    fused, _ = compile_text(BN_STATS)
+    agree(BN_STATS, fused)
+    ks = [n.meta["kernel"] for n in fused.nodes if n.op == "kernel"]
+    big = [k for k in ks if any(b.numel == 8 * 32 * 32 * 32 for b in k.buffers)]
+    assert len(big) == 2 and all(columns(k) for k in big), [k.name for k in ks]
+    assert all([v.size for v in k.outer] == [32, 32] for k in big)  # (P, C): 32 parts of H, 32 channels
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_a_conv_batch_norm_relu_trains_like_eager_with_its_statistics_split(backend):
+    """Training-mode batch norm after a convolution (channels-last on the CPU): its statistics and
+    its backward's sums are split partials; values and gradients match eager."""
+    torch.manual_seed(0)
+    # no conv bias: batch norm cancels it, so its true gradient is 0 and both sides' are rounding noise
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1, bias=False), torch.nn.BatchNorm2d(32),
+                                torch.nn.ReLU())
+    x = torch.randn(8, 3, 32, 32, requires_grad=True)
+    compiled = assert_matches_eager(model, x, backend=backend, rtol=1e-4, atol=1e-4)
+    sums = [k for k in compiled.report().kernels if "sum" in k.ops]
+    assert any(k.bytes_written == 32 * 32 * 4 for k in sums), [(k.ops, k.bytes_written) for k in sums]  # [P, C] partials

@@ -6,7 +6,10 @@ P rows of N/P first (the reshape is index math; a pointwise producer still fuses
 and then once more over the P partials, it spreads over the machine. Inductor does the same.
 A reduction over the leading dims to few columns -- a bias gradient, `dy.sum((0, 1))` -- has the
 same problem: its columns are its only parallel work. Its rows are split the same way: [R, K] ->
-[P, R/P, K], summed over R/P (P*K parallel columns), then over P.
+[P, R/P, K], summed over R/P (P*K parallel columns), then over P. A batch norm's statistics over
+(N, H, W) of [N, C, H, W] keep C between reduced dims: the reduced dim with the most parts is split,
+its P moved first ([P, C] partials). Over channels-last data their kernel runs down the channels in
+parallel over P: a ResNet's batch-norm backward kernels went from 0.52 to 0.17 ms, one thread to two.
 
 Assumes: a graph before fusion, for a backend that generates kernels (the kernel pass list),
 only sum/prod/amax/amin (associative, NaN propagates through both levels) of f32/f64 and integers:
@@ -37,23 +40,50 @@ def parts(n: int, most: int = MAX_PARTS, least: int = MIN_PARTS):
 
 
 def _split_columns(n: Node, stored: set) -> list | None:
-    """[R..., K...] reduced over its leading dims -> [P, R/P, K] partials over R/P, then over P."""
+    """A reduction to few values over many rows -> partials over P parts of its rows, then over P.
+    Over the leading dims, [R..., K...] -> [P, R/P, K]. Over the first dim and others with kept dims
+    between (a batch norm's (N, H, W) of [N, C, H, W]) the reduced dim with the most parts is split
+    and its P moved first: [P, C] partials, the kept dims in their order, so a kept dim contiguous in
+    memory (C of channels-last data) stays the last and the partial kernel runs down those columns
+    in parallel over P (codegen/columns.py); over NCHW data it is P x C rows instead of C. A
+    reduction that keeps the first dim (over a row's last dims) has its kept rows to run in parallel."""
     x = n.args[0]
     dims, shape = tuple(sorted(n.attrs["dims"])), x.type.shape
     k = len(dims)
-    if not 0 < k < len(shape) or dims != tuple(range(k)) or any(not isinstance(s, int) for s in shape):
+    if not 0 < k < len(shape) or any(not isinstance(s, int) for s in shape):
         return None  # (over a symbolic size: not split)
-    rows, cols = math.prod(shape[:k]), math.prod(shape[k:])
+    rows = math.prod(shape[d] for d in dims)
+    cols = math.prod(shape[d] for d in range(len(shape)) if d not in dims)
     if cols > COLUMN_MAX_OUTPUTS or rows * cols < MIN_ELEMENTS or x.op in ("input", "constant") or x in stored:
         return None
+    if dims != tuple(range(k)):  # kept dims between reduced ones (a batch norm's C) are split; a
+        return _split_inner(n, dims, rows) if dims[0] == 0 else None  # kept first dim is parallel rows
+    dt, xt = n.type.dtype, x.type.dtype
     p = parts(rows, COLUMN_MAX_PARTS, 2)
     if p is None or rows // p < COLUMN_MIN_ROWS:
         return None
-    dt = n.type.dtype
-    grid = Node("reshape", [x], {"shape": (p, rows // p, cols)}, TensorType((p, rows // p, cols), dt), meta=n.meta)
+    grid = Node("reshape", [x], {"shape": (p, rows // p, cols)}, TensorType((p, rows // p, cols), xt), meta=n.meta)
     partial = Node(n.op, [grid], {"dims": (1,), "keepdim": False}, TensorType((p, cols), dt), meta=n.meta)
     total = Node(n.op, [partial], {"dims": (0,), "keepdim": False}, TensorType((cols,), dt), meta=n.meta)
     return [grid, partial, total, Node("reshape", [total], {"shape": n.type.shape}, n.type, meta=n.meta)]
+
+
+def _split_inner(n: Node, dims: tuple, rows: int) -> list | None:
+    x, shape = n.args[0], n.args[0].type.shape
+    best = max(((parts(shape[d], COLUMN_MAX_PARTS, 2) or 0, -d) for d in dims), default=(0, 0))
+    p, d = best[0], -best[1]
+    if p < 2 or rows // p < COLUMN_MIN_ROWS:
+        return None
+    dt, xt, nd = n.type.dtype, x.type.dtype, len(shape)
+    split = shape[:d] + (p, shape[d] // p) + shape[d + 1:]  # P at position d, the rest of dim d at d + 1
+    grid = Node("reshape", [x], {"shape": split}, TensorType(split, xt), meta=n.meta)
+    order = (d,) + tuple(i for i in range(nd + 1) if i != d)
+    moved = Node("permute", [grid], {"dims": order}, TensorType(tuple(split[i] for i in order), xt), meta=n.meta)
+    reduced = tuple(e + 1 for e in dims)  # in `moved`: every dim one later (P first; dim d's rest where d was)
+    kept = tuple(shape[i] for i in range(nd) if i not in dims)
+    partial = Node(n.op, [moved], {"dims": reduced, "keepdim": False}, TensorType((p,) + kept, dt), meta=n.meta)
+    total = Node(n.op, [partial], {"dims": (0,), "keepdim": False}, TensorType(kept, dt), meta=n.meta)
+    return [grid, moved, partial, total, Node("reshape", [total], {"shape": n.type.shape}, n.type, meta=n.meta)]
 
 
 def run(graph: Graph, ctx) -> Graph:
