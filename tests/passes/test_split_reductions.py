@@ -219,7 +219,8 @@ def test_batch_norm_statistics_over_channels_last_data_run_down_the_columns_by_p
 @pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
 def test_a_conv_batch_norm_relu_trains_like_eager_with_its_statistics_split(backend):
     """Training-mode batch norm after a convolution (channels-last on the CPU): its statistics and
-    its backward's sums are split partials; values and gradients match eager."""
+    its backward's sums are split partials, in float64 (rounded once, as eager's statistics are);
+    values and gradients match eager."""
     torch.manual_seed(0)
     # no conv bias: batch norm cancels it, so its true gradient is 0 and both sides' are rounding noise
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1, bias=False), torch.nn.BatchNorm2d(32),
@@ -227,4 +228,13 @@ def test_a_conv_batch_norm_relu_trains_like_eager_with_its_statistics_split(back
     x = torch.randn(8, 3, 32, 32, requires_grad=True)
     compiled = assert_matches_eager(model, x, backend=backend, rtol=1e-4, atol=1e-4)
     sums = [k for k in compiled.report().kernels if "sum" in k.ops]
-    assert any(k.bytes_written == 32 * 32 * 4 for k in sums), [(k.ops, k.bytes_written) for k in sums]  # [P, C] partials
+    assert any(k.bytes_written == 32 * 32 * 8 for k in sums), [(k.ops, k.bytes_written) for k in sums]  # [P, C] in f64
+
+
+def test_a_float32_sum_keeping_a_middle_dim_sums_its_parts_in_float64():
+    """Rounded once at the end, as one level (and eager's batch norm) rounds: float32 partials moved
+    a ReLU input within a rounding of 0 to the other side in a ResNet's training step."""
+    g = split(parse("graph g(%x: f32[8,32,32,32]) -> (f32[32]) {\n  %0: f32[8,32,32,32] = exp %x\n"
+                    "  %1: f32[32] = sum %0 [dims=(0, 2, 3), keepdim=false]\n  return %1\n}\n"))
+    ops = [(n.op, n.type.dtype) for n in g.nodes]
+    assert ops[-5:] == [("cast", "f64"), ("sum", "f64"), ("sum", "f64"), ("cast", "f32"), ("reshape", "f32")], ops

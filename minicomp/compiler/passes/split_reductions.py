@@ -56,8 +56,8 @@ def _split_columns(n: Node, stored: set) -> list | None:
     cols = math.prod(shape[d] for d in range(len(shape)) if d not in dims)
     if cols > COLUMN_MAX_OUTPUTS or rows * cols < MIN_ELEMENTS or x.op in ("input", "constant") or x in stored:
         return None
-    if dims != tuple(range(k)):  # kept dims between reduced ones (a batch norm's C) are split; a
-        return _split_inner(n, dims, rows) if dims[0] == 0 else None  # kept first dim is parallel rows
+    if dims != tuple(range(k)):  # split when kept dims sit between reduced ones (a batch norm's C);
+        return _split_inner(n, dims, rows) if dims[0] == 0 else None  # a kept first dim is rows enough
     dt, xt = n.type.dtype, x.type.dtype
     p = parts(rows, COLUMN_MAX_PARTS, 2)
     if p is None or rows // p < COLUMN_MIN_ROWS:
@@ -69,6 +69,7 @@ def _split_columns(n: Node, stored: set) -> list | None:
 
 
 def _split_inner(n: Node, dims: tuple, rows: int) -> list | None:
+    """_split_columns over dims that are not all leading: the reduced dim with the most parts is split."""
     x, shape = n.args[0], n.args[0].type.shape
     best = max(((parts(shape[d], COLUMN_MAX_PARTS, 2) or 0, -d) for d in dims), default=(0, 0))
     p, d = best[0], -best[1]
@@ -79,11 +80,19 @@ def _split_inner(n: Node, dims: tuple, rows: int) -> list | None:
     grid = Node("reshape", [x], {"shape": split}, TensorType(split, xt), meta=n.meta)
     order = (d,) + tuple(i for i in range(nd + 1) if i != d)
     moved = Node("permute", [grid], {"dims": order}, TensorType(tuple(split[i] for i in order), xt), meta=n.meta)
+    nodes = [grid, moved]
+    acc = dt
+    if n.op == "sum" and dt == "f32":  # float64 partials: one rounding at the end, as one level rounds
+        acc = "f64"  # (a batch norm's statistics as eager's: a ReLU input a rounding from 0 keeps its side)
+        nodes.append(Node("cast", [moved], {"dtype": acc}, TensorType(moved.type.shape, acc), meta=n.meta))
     reduced = tuple(e + 1 for e in dims)  # in `moved`: every dim one later (P first; dim d's rest where d was)
     kept = tuple(shape[i] for i in range(nd) if i not in dims)
-    partial = Node(n.op, [moved], {"dims": reduced, "keepdim": False}, TensorType((p,) + kept, dt), meta=n.meta)
-    total = Node(n.op, [partial], {"dims": (0,), "keepdim": False}, TensorType(kept, dt), meta=n.meta)
-    return [grid, moved, partial, total, Node("reshape", [total], {"shape": n.type.shape}, n.type, meta=n.meta)]
+    partial = Node(n.op, [nodes[-1]], {"dims": reduced, "keepdim": False}, TensorType((p,) + kept, acc), meta=n.meta)
+    total = Node(n.op, [partial], {"dims": (0,), "keepdim": False}, TensorType(kept, acc), meta=n.meta)
+    nodes += [partial, total]
+    if acc != dt:
+        nodes.append(Node("cast", [total], {"dtype": dt}, TensorType(kept, dt), meta=n.meta))
+    return nodes + [Node("reshape", [nodes[-1]], {"shape": n.type.shape}, n.type, meta=n.meta)]
 
 
 def run(graph: Graph, ctx) -> Graph:
