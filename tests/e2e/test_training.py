@@ -182,6 +182,8 @@ class _AttentionWeights(nn.Module):
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
 def test_torch_nn_attention_layers_train(backend):
+    """torch.nn's own attention layers, outputs and gradients against eager: MultiheadAttention with
+    its weights, and a norm-first TransformerEncoderLayer over a padding mask."""
     torch.manual_seed(0)
     assert_matches_eager(_AttentionWeights(), torch.randn(5, 3, 16), backend=backend, rtol=1e-4, atol=1e-5)
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True, activation="gelu")
