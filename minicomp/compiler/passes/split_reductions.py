@@ -58,21 +58,20 @@ def _split_columns(n: Node, stored: set) -> list | None:
         return None
     if dims != tuple(range(k)):  # split when kept dims sit between reduced ones (a batch norm's C);
         return _split_inner(n, dims, rows) if dims[0] == 0 else None  # a kept first dim is rows enough
-    dt, xt = n.type.dtype, x.type.dtype
     p = parts(rows, COLUMN_MAX_PARTS, 2)
     if p is None or rows // p < COLUMN_MIN_ROWS:
         return None
-    grid = Node("reshape", [x], {"shape": (p, rows // p, cols)}, TensorType((p, rows // p, cols), xt), meta=n.meta)
-    partial = Node(n.op, [grid], {"dims": (1,), "keepdim": False}, TensorType((p, cols), dt), meta=n.meta)
-    total = Node(n.op, [partial], {"dims": (0,), "keepdim": False}, TensorType((cols,), dt), meta=n.meta)
-    return [grid, partial, total, Node("reshape", [total], {"shape": n.type.shape}, n.type, meta=n.meta)]
+    grid = Node("reshape", [x], {"shape": (p, rows // p, cols)}, TensorType((p, rows // p, cols), x.type.dtype),
+                meta=n.meta)
+    return [grid] + _two_levels(n, grid, (1,), (cols,), n.type.dtype)
 
 
 def _split_inner(n: Node, dims: tuple, rows: int) -> list | None:
-    """_split_columns over dims that are not all leading: the reduced dim with the most parts is split."""
+    """_split_columns over dims that are not all leading: the reduced dim with the most parts is split
+    (ties: the outer one)."""
     x, shape = n.args[0], n.args[0].type.shape
-    best = max(((parts(shape[d], COLUMN_MAX_PARTS, 2) or 0, -d) for d in dims), default=(0, 0))
-    p, d = best[0], -best[1]
+    p, d = max(((parts(shape[d], COLUMN_MAX_PARTS, 2) or 0, -d) for d in dims))
+    d = -d
     if p < 2 or rows // p < COLUMN_MIN_ROWS:
         return None
     dt, xt, nd = n.type.dtype, x.type.dtype, len(shape)
@@ -80,14 +79,22 @@ def _split_inner(n: Node, dims: tuple, rows: int) -> list | None:
     grid = Node("reshape", [x], {"shape": split}, TensorType(split, xt), meta=n.meta)
     order = (d,) + tuple(i for i in range(nd + 1) if i != d)
     moved = Node("permute", [grid], {"dims": order}, TensorType(tuple(split[i] for i in order), xt), meta=n.meta)
-    nodes = [grid, moved]
-    acc = dt
-    if n.op == "sum" and dt == "f32":  # float64 partials: one rounding at the end, as one level rounds
-        acc = "f64"  # (a batch norm's statistics as eager's: a ReLU input a rounding from 0 keeps its side)
-        nodes.append(Node("cast", [moved], {"dtype": acc}, TensorType(moved.type.shape, acc), meta=n.meta))
     reduced = tuple(e + 1 for e in dims)  # in `moved`: every dim one later (P first; dim d's rest where d was)
     kept = tuple(shape[i] for i in range(nd) if i not in dims)
-    partial = Node(n.op, [nodes[-1]], {"dims": reduced, "keepdim": False}, TensorType((p,) + kept, acc), meta=n.meta)
+    # float64 partials: one rounding at the end, as one level rounds (a batch norm's statistics as
+    # eager's: a ReLU input a rounding from 0 keeps its side)
+    return [grid, moved] + _two_levels(n, moved, reduced, kept, "f64" if n.op == "sum" and dt == "f32" else dt)
+
+
+def _two_levels(n: Node, grid: Node, reduced: tuple, kept: tuple, acc: str) -> list:
+    """n's reduction as partials of `grid` (P first) over `reduced`, then over P, in dtype `acc`, and
+    the result in n's type."""
+    dt, nodes, src = n.type.dtype, [], grid
+    if acc != dt:
+        src = Node("cast", [grid], {"dtype": acc}, TensorType(grid.type.shape, acc), meta=n.meta)
+        nodes.append(src)
+    p = grid.type.shape[0]
+    partial = Node(n.op, [src], {"dims": reduced, "keepdim": False}, TensorType((p,) + kept, acc), meta=n.meta)
     total = Node(n.op, [partial], {"dims": (0,), "keepdim": False}, TensorType(kept, acc), meta=n.meta)
     nodes += [partial, total]
     if acc != dt:
