@@ -34,6 +34,7 @@ from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 
 from .compiler.capture import make_backend, prepare
 from .errors import MinicompError
+from .frame_call import MISS, FrameCall
 from .options import Options
 from .report import Report
 from .signature import (break_site, call_signature, changed_dims, describe, flat_inputs, guard_failure,
@@ -54,15 +55,16 @@ except ImportError:
 
 
 class _Fast(NamedTuple):
-    """The last tensors-only signature's program, checked without building its key: TensorGuards
-    compares each tensor's dtype, device, dispatch keys (so autocast and inference mode too),
-    requires_grad, sizes and strides in C++, ~0.15 us where `call_signature` takes ~0.9."""
+    """The last signature's program, checked without building its key: by Dynamo's guards when its
+    entry runs without Dynamo's wrapper (frame_call.py), else by TensorGuards, which compare each
+    tensor's dtype, device, dispatch keys (so autocast and inference mode too), requires_grad, sizes
+    and strides in C++, ~0.15 us where `call_signature` takes ~0.9."""
     guards: object
     nargs: int
     grad: bool
     owner: object  # the module (its .training is part of the key), or _NO_MODE for a function
     training: object
-    program: object
+    program: FrameCall
 
 
 class _NoMode:
@@ -72,15 +74,19 @@ class _NoMode:
 _NO_MODE = _NoMode()
 
 
-def _fast_path(model, key, args, program, dims=frozenset()):
-    """`dims`: the (argument, dimension) pairs the program takes at any size."""
-    if _TensorGuards is None or key[0] != "tensors":
-        return None
-    try:
-        sizes = [[None if (i, d) in dims else s for d, s in enumerate(x.shape)] for i, x in enumerate(args)]
-        strides = [[None if any(a == i for a, _ in dims) else s for s in x.stride()] for i, x in enumerate(args)]
-        guards = _TensorGuards(*args, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
-    except Exception:  # a tensor the C++ check does not take: the Python signature still works
+def _fast_path(model, key, args, program: FrameCall, dims=frozenset()):
+    """`dims`: the (argument, dimension) pairs the program takes at any size. A program whose Dynamo
+    entry runs here (`program.entry`) is checked by Dynamo's guards alone; TensorGuards are kept for
+    when it has none (a graph break in it), or loses it."""
+    guards = None
+    if _TensorGuards is not None and key[0] == "tensors":
+        try:
+            sizes = [[None if (i, d) in dims else s for d, s in enumerate(x.shape)] for i, x in enumerate(args)]
+            strides = [[None if any(a == i for a, _ in dims) else s for s in x.stride()] for i, x in enumerate(args)]
+            guards = _TensorGuards(*args, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
+        except Exception:  # a tensor the C++ check does not take: the Python signature still works
+            guards = None
+    if guards is None and program.entry is None:
         return None
     owner = model if isinstance(model, torch.nn.Module) else _NO_MODE
     return _Fast(guards, len(args), key[1], owner, key[2], program)
@@ -155,9 +161,15 @@ class CompiledModule:
 
     def __call__(self, *args, **kwargs):
         fast = self._fast
-        if (fast is not None and not kwargs and len(args) == fast.nargs and torch.is_grad_enabled() is fast.grad
-                and fast.owner.training is fast.training and fast.guards.check(*args)):
-            return fast.program(*args)
+        if fast is not None and not kwargs and len(args) == fast.nargs:
+            run = fast.program
+            if run.entry is not None:  # Dynamo's own guards, checked without its wrapper (frame_call.py)
+                out = run.attempt(args)
+                if out is not MISS:
+                    return out
+            elif (fast.guards is not None and torch.is_grad_enabled() is fast.grad
+                  and fast.owner.training is fast.training and fast.guards.check(*args)):
+                return run.program(*args)
         key = call_signature(self.model, args, kwargs)
         entry = self._programs.get(key) or self._symbolic_program(key)
         if entry is None:
@@ -260,6 +272,7 @@ class CompiledModule:
                         "or Dynamo skipped the frame): it runs eagerly")
         self._report.programs.append(program_line(key, dims, args, kwargs, self.options.dynamic) + (f" ({note})" if note else ""))
         self._codes.append(entry.__code__)
+        program = FrameCall(program, entry)
         fast = _fast_path(self.model, key, args, program, dims)
         if dims:
             key = wild(key, dims)

@@ -2,10 +2,13 @@
 
 A call of `minicomp.compile(fn)` passes through layers, each timed on its own with the inputs it
 really gets (recorded from one call), many calls a sample, interleaved (timing.time_interleaved):
-- `guards`: CompiledModule's own check that the call matches its last program (C++ TensorGuards),
-  or, off that fast path, building the signature and looking it up;
-- `dynamo + aot`: Dynamo's frame evaluation and guards, and the wrapper between it and the
-  program (the compiled callable less the programs it calls);
+- `guards`: the check that the call matches CompiledModule's last program: Dynamo's own guards,
+  checked without Dynamo's wrapper (frame_call.py), or, where that program's frame cannot run that
+  way (a graph break in it), C++ TensorGuards; off that fast path, building the signature and
+  looking it up;
+- `dynamo + aot`: the frame's code Dynamo rewrote (around the graph's call), the wrapper between it
+  and the program (AOTAutograd's, where it is not bypassed), and off the direct path Dynamo's own
+  wrapper, frame evaluation and guards (the compiled callable less the programs it calls);
 - `program`: Program.__call__ around the generated call (executor checkout, the profiler check);
 - inside the generated call, one clock read between phases, the clock's own share subtracted:
   `input checks` (contiguity), `output allocation`, `pointer binding` (data pointers into the
@@ -56,12 +59,19 @@ def breakdown(compiled, inputs, reps: int = 7, target_s: float = 2e-3) -> dict:
     compiled(*inputs)
     calls = _record_inputs(compiled, inputs)
     fast = compiled._fast
-    on_fast = (fast is not None and len(inputs) == fast.nargs and torch.is_grad_enabled() is fast.grad
-               and fast.owner.training is fast.training and fast.guards.check(*inputs))
+    run = fast.program if fast is not None and len(inputs) == fast.nargs else None
+    direct = run is not None and run.check(tuple(inputs))
+    on_fast = direct or (run is not None and run.entry is None and fast.guards is not None
+                         and torch.is_grad_enabled() is fast.grad and fast.owner.training is fast.training
+                         and fast.guards.check(*inputs))
     fns = {"total": lambda: compiled(*inputs)}
-    if on_fast:
+    if direct:  # Dynamo's guards, then its entry's code, without its wrapper (frame_call.py)
+        args = tuple(inputs)
+        fns["guards"] = lambda: run.check(args)
+        fns["compiled"] = lambda: run.attempt(args)
+    elif on_fast:
         fns["guards"] = lambda: fast.guards.check(*inputs)
-        fns["compiled"] = lambda: fast.program(*inputs)
+        fns["compiled"] = lambda: run.program(*inputs)
     else:
         fns["guards"] = lambda: compiled._programs.get(call_signature(compiled.model, inputs, {}))
     for j, (program, ex, args) in enumerate(calls):
@@ -70,7 +80,8 @@ def breakdown(compiled, inputs, reps: int = 7, target_s: float = 2e-3) -> dict:
     t = time_interleaved(fns, reps, target_s)
     out = {"total": t["total"], "guards": t["guards"]}
     programs = sum(t[f"program{j}"] for j in range(len(calls)))
-    out["dynamo + aot"] = (t["compiled"] if on_fast else t["total"] - t["guards"]) - programs
+    out["dynamo + aot"] = (t["compiled"] - (t["guards"] if direct else 0.0) if on_fast
+                           else t["total"] - t["guards"]) - programs
     out["program"] = programs - sum(t[f"executor{j}"] for j in range(len(calls)))
     mark = Executor.mark_seconds()
     for j, (program, ex, args) in enumerate(calls):

@@ -299,11 +299,16 @@ def _ms(seconds: float) -> float:
 def _direct(run):
     """AOTAutograd's inference wrapper when it has nothing to do (see graph_cache.plain_wrapper): the
     flat inputs in, the outputs out, grad mode off during the call. Without its generic wrapper a
-    call saves about 1.2 us."""
+    call saves about 1.2 us; grad mode set and restored directly, not by `torch.no_grad()`, 1.7 more."""
+    grad_enabled, set_grad = torch.is_grad_enabled, torch._C._set_grad_enabled
+
     def call(*args):
-        if torch.is_grad_enabled():
-            with torch.no_grad():
+        if grad_enabled():
+            set_grad(False)
+            try:
                 return run(*args)
+            finally:
+                set_grad(True)
         return run(*args)
     return call
 
