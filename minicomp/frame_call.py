@@ -120,9 +120,9 @@ class FrameCall:
     def check(self, args, kwargs=None) -> bool:
         """Dynamo's guards of the entry on these arguments (what `attempt` checks)."""
         entry = self.entry
-        if entry is None:
-            return False
-        guards = entry[0]
+        return entry is not None and self._passes(entry[0], args, kwargs)
+
+    def _passes(self, guards, args, kwargs) -> bool:
         # a dropped entry no longer points at these guards (its destructor clears `cache_entry`; an
         # invalidated one carries a DeletedGuardManagerWrapper instead)
         ce = guards.cache_entry
@@ -132,13 +132,13 @@ class FrameCall:
     def attempt(self, args, kwargs=None):
         """The entry's code run on `args` (a tuple) and `kwargs` when its guards pass here, else MISS
         (nothing run)."""
-        entry = self.entry
+        entry = self.entry  # read once: another thread's fallback may pick a new one meanwhile
         if entry is None:
             return MISS
         stance = _eval_frame._stance  # set_stance replaces the object: read at each call
         if stance.stance != "default" or stance.backend is not None or _is_compiling() or _is_tracing():
             return MISS
-        if not self.check(args, kwargs):
+        if not self._passes(entry[0], args, kwargs):
             return MISS
         return entry[1](*args) if kwargs is None else entry[1](*args, **kwargs)
 
