@@ -16,8 +16,7 @@ function. It steps aside to `program` (everything as before, recompiles included
   runs, or calls the frame's callee, whose own frame Dynamo compiles (called here, either would
   run eagerly);
 - the compile stance is not the default (`torch.compiler.set_stance("force_eager")`, a forced
-  backend), Dynamo is
-  tracing the caller, or torch.jit is tracing;
+  backend), Dynamo is tracing the caller, or torch.jit is tracing;
 - this torch lacks any piece of it (then every call goes through `program`).
 After a fallback the entry Dynamo ran (or compiled) becomes the one tried first. `attempt` runs the
 entry only, for a caller that has its own way to go when the guards fail (CompiledModule's signature
