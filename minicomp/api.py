@@ -160,13 +160,14 @@ class CompiledModule:
         self.__doc__ = getattr(model, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
-        fast = self._fast
+        fast, tried = self._fast, None
         if fast is not None and not kwargs and len(args) == fast.nargs:
             run = fast.program
             if run.entry is not None:  # Dynamo's own guards, checked without its wrapper (frame_call.py)
                 out = run.attempt(args)
                 if out is not MISS:
                     return out
+                tried = run
             elif (fast.guards is not None and torch.is_grad_enabled() is fast.grad
                   and fast.owner.training is fast.training and fast.guards.check(*args)):
                 return run.program(*args)
@@ -183,6 +184,8 @@ class CompiledModule:
         program, fast = entry
         if fast is not None:
             self._fast = fast
+        if program is tried:  # its guards just failed here: straight to Dynamo's own path
+            return program.fallback(*args)
         return program(*args, **kwargs)
 
     def _symbolic_program(self, key):

@@ -145,7 +145,12 @@ class FrameCall:
         if self.entry is None:
             return self.program(*args, **kwargs)
         out = self.attempt(args, kwargs)
-        if out is MISS:
-            out = self.program(*args, **kwargs)
-            self.pick()  # the entry Dynamo ran, or compiled for these arguments
+        return self.fallback(*args, **kwargs) if out is MISS else out
+
+    def fallback(self, *args, **kwargs):
+        """The call through `program` (Dynamo's wrapper, guards, recompiles), then the entry it ran or
+        compiled for these arguments is the one tried first."""
+        out = self.program(*args, **kwargs)
+        if self.entry is not None:
+            self.pick()
         return out
