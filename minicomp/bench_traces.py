@@ -23,16 +23,20 @@ def inductor_decompositions() -> dict:
 
 
 def trace_only(decompositions: dict | None = None):
-    """A Dynamo backend that runs AOTAutograd (minicomp's decompositions unless others are given)
-    and compiles nothing: Dynamo's and AOTAutograd's traces, the part of a cold compile that is
-    torch's."""
+    """A Dynamo backend that runs AOTAutograd (with the decompositions minicomp gives each graph,
+    unless others are given) and compiles nothing: Dynamo's and AOTAutograd's traces, the part of a
+    cold compile that is torch's."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
-    from minicomp.compiler.capture import _DECOMPOSITIONS
+    from minicomp.compiler.decompositions import for_inputs
     keep = lambda gm, _: make_boxed_func(gm)  # noqa: E731
-    return aot_autograd(fw_compiler=keep, bw_compiler=keep, inference_compiler=keep,
-                        decompositions=_DECOMPOSITIONS if decompositions is None else decompositions)
+
+    def backend(gm, example_inputs):
+        table = for_inputs(example_inputs) if decompositions is None else decompositions
+        return aot_autograd(fw_compiler=keep, bw_compiler=keep, inference_compiler=keep,
+                            decompositions=table)(gm, example_inputs)
+    return backend
 
 
 def warm_traces(step) -> None:

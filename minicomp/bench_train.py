@@ -37,7 +37,7 @@ def torch_min_cut_bytes(model, inputs) -> int | None:
     from torch._functorch.aot_autograd import make_boxed_func
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    from minicomp.compiler.capture import _DECOMPOSITIONS
+    from minicomp.compiler.decompositions import TRAINING
     from minicomp.compiler.training import saved_bytes_meter
     found = []
 
@@ -48,7 +48,7 @@ def torch_min_cut_bytes(model, inputs) -> int | None:
         found.append(meter([o.name for o in outputs if isinstance(o, torch.fx.Node)]))
         return fw, bw
     backend = aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g), bw_compiler=lambda g, _: make_boxed_func(g),
-                           partition_fn=partition, decompositions=_DECOMPOSITIONS)
+                           partition_fn=partition, decompositions=TRAINING)
     torch._dynamo.reset()
     try:
         out = torch.compile(copy.deepcopy(model), backend=backend)(*inputs)

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
 import torch
-from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.source import GetItemSource, LocalSource
 from torch._functorch.aot_autograd import make_boxed_func
@@ -26,7 +25,7 @@ from ..errors import SizesOutsideProgram
 from ..ir import sym, sym_values, verify
 from ..options import Options
 from ..report import GraphReport, Report
-from . import graph_cache
+from . import decompositions, graph_cache
 from .debug import Dumper, Progress
 from .frontend import lower, size_positions, tensor_positions
 from .input_views import input_views, share_bases, with_input_views
@@ -35,25 +34,6 @@ from .sizes import size_env as _size_env, symbolic as _symbolic
 from .pipeline import gc_paused, run_passes
 from .training import make_partition
 
-_DECOMPOSITIONS = core_aten_decompositions()
-# layer_norm as its arithmetic: fused into one row kernel all the same, and in a training graph the
-# partitioner can then recompute its output from the saved mean and rstd (one torch op is recomputed
-# whole or not at all, and the whole op includes two reductions)
-_DECOMPOSITIONS.update(get_decompositions([torch.ops.aten.native_layer_norm.default]))
-# ATen's CPU flash-attention decomposition returns the attention weights where its backward expects
-# the logsumexp (it is meant for inference export); lower_nn.py lowers the op whole instead.
-_DECOMPOSITIONS.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
-# an embedding's gradient runs as ATen's embedding_dense_backward (eager's own kernel: zeros, then
-# rows added in place), not as its decomposition, zeros and an out-of-place index_put that copies the
-# whole zero table first (HF Llama's 8192 x 960 table: 9 ms of copy per step, profiled)
-_DECOMPOSITIONS.pop(torch.ops.aten.embedding_dense_backward.default, None)
-# index_add and index_copy decompose to index_put, which takes a negative index as counted from the
-# end, where eager's ops raise IndexError: they run in torch as they are (index_put ran there too),
-# and so does index_fill (which takes negative indices), whose decomposition is an index_copy
-for _op in (torch.ops.aten.index_add, torch.ops.aten.index_add_, torch.ops.aten.index_copy, torch.ops.aten.index_copy_,
-            torch.ops.aten.index_fill, torch.ops.aten.index_fill_):
-    for _overload in _op.overloads():
-        _DECOMPOSITIONS.pop(getattr(_op, _overload), None)
 _names = itertools.count()
 log = logging.getLogger("minicomp")
 
@@ -348,8 +328,10 @@ def make_backend(options: Options, report: Report):
         state["compiled"] = compile_fx_graph(gm, example_inputs, options, report, "inference",
                                              cache_key=state["key"], guarded=state["guarded"])
         return state["compiled"]
-    aot = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference, decompositions=_DECOMPOSITIONS,
-                       partition_fn=make_partition(options, report, _partition_kernel_ops(options)))
+    partition_fn = make_partition(options, report, _partition_kernel_ops(options))
+    aots = {id(table): aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference,
+                                    decompositions=table, partition_fn=partition_fn)
+            for table in (decompositions.TRAINING, decompositions.INFERENCE)}
 
     def backend(gm, example_inputs):
         key = graph_cache.graph_key(gm, example_inputs, options.strict)
@@ -362,7 +344,7 @@ def make_backend(options: Options, report: Report):
         state.update(key=key, compiled=None, guarded=guarded)
         first, t_aot = len(report.graphs), time.perf_counter()
         try:
-            wrapped = aot(gm, example_inputs)
+            wrapped = aots[id(decompositions.for_inputs(example_inputs))](gm, example_inputs)
             ours = state["compiled"]
         finally:
             state.update(key=None, compiled=None, guarded=frozenset())

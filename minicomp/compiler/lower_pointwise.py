@@ -183,6 +183,55 @@ def _gelu(b, x, approximate="none"):
     return b.cast(b.emit("gelu", b.cast(x, cdt), approximate=approximate), b.out_dtype)
 
 
+def _backward_formula(formula):
+    """An activation's backward as torch's decomposition spells it (`formula(c, grad, x)`, `c(v)`
+    a constant), in f32 for low precision, cast to the result's dtype."""
+    def lower(b, grad, x, *args, **kwargs):
+        dt = compute_dtype(b.out_dtype)
+
+        def c(v):
+            return b.full(v, dt)
+
+        def op(name, *xs):
+            return b.emit(name, *xs)
+        return b.cast(formula(c, op, b.cast(grad, dt), b.cast(x, dt), *args, **kwargs), b.out_dtype)
+    return lower
+
+
+_SQRT2, _SQRT1_2, _2_SQRTPI = 1.41421356237309504880, 0.70710678118654752440, 1.12837916709551257390
+
+
+@lowering(aten.gelu_backward.default)
+@_backward_formula
+def _gelu_backward(c, op, grad, x, approximate="none"):
+    if approximate == "tanh":
+        beta, kappa = _SQRT2 * _2_SQRTPI * 0.5, 0.044715
+        x_sq = op("mul", x, x)
+        inner = op("mul", op("add", x, op("mul", op("mul", x_sq, x), c(kappa))), c(beta))
+        t = op("tanh", inner)
+        left_derivative = op("mul", op("add", t, c(1)), c(0.5))
+        tanh_derivative = op("sub", c(1), op("mul", t, t))
+        inner_derivative = op("mul", op("add", op("mul", x_sq, c(3 * kappa)), c(1)), c(beta))
+        right_derivative = op("mul", op("mul", op("mul", x, c(0.5)), tanh_derivative), inner_derivative)
+        return op("mul", grad, op("add", left_derivative, right_derivative))
+    cdf = op("mul", op("add", op("erf", op("mul", x, c(_SQRT1_2))), c(1)), c(0.5))
+    pdf = op("mul", op("exp", op("mul", op("mul", x, x), c(-0.5))), c(_2_SQRTPI * _SQRT1_2 * 0.5))
+    return op("mul", grad, op("add", cdf, op("mul", x, pdf)))
+
+
+@lowering(aten.silu_backward.default)
+@_backward_formula
+def _silu_backward(c, op, grad, x):
+    s = op("sigmoid", x)
+    return op("mul", op("mul", grad, s), op("add", op("mul", x, op("sub", c(1), s)), c(1)))
+
+
+@lowering(aten.tanh_backward.default)
+@_backward_formula
+def _tanh_backward(c, op, grad, y):
+    return op("mul", grad, op("sub", c(1), op("mul", y, y)))
+
+
 @lowering(aten.threshold_backward)
 def _threshold_backward(b, grad, x, threshold):
     return b.emit("where", b.emit("le", x, b.full(threshold, x.type.dtype)), b.full(0, grad.type.dtype), grad)

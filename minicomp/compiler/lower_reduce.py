@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from ..ir import dtype_name
+from ..ir.types import dim
 from ..ir.sym import decide, is_sym, known
 from .lower_nn import fold_batch_norm
 from .lowering import Unsupported, aten, compute_dtype, lowering, norm_dim, norm_dims
@@ -198,6 +199,41 @@ def _layer_norm(b, x, normalized_shape, weight, bias, eps):
     out = _affine(b, y, weight, bias, (1,) * (nd - k) + tuple(normalized_shape))
     stat_dt = b.val[1].dtype
     return (b.cast(out, x.type.dtype), b.cast(mean, dtype_name(stat_dt)), b.cast(rstd, dtype_name(stat_dt)))
+
+
+@lowering(aten.native_layer_norm_backward.default)
+def _layer_norm_backward(b, grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    """(d input, d weight, d bias), each None where output_mask says so, as torch's decomposition
+    computes them (in f32 for low precision): with x_hat = (x - mean) * rstd and g = grad * weight,
+    d input = rstd / N * (N * g - sum(g) - x_hat * sum(g * x_hat)) over the normalized dims."""
+    nd, k = x.type.ndim, len(normalized_shape)
+    inner, outer = tuple(range(nd - k, nd)), tuple(range(nd - k))
+    acc = compute_dtype(x.type.dtype)
+    n = _count(x, inner)
+    want = [bool(m) for m in output_mask]
+    if not want[0] and not (want[1] and weight is not None) and not (want[2] and bias is not None):
+        return None, None, None
+    if known(_count(x, outer), "==", 0) or known(n, "==", 0):
+        return tuple(None if v is None else b.full(0, dtype_name(v.dtype), tuple(dim(s) for s in v.shape))
+                     for v in b.val)
+    stat_shape = x.type.shape[:nd - k] + (1,) * k
+    g, xf = b.cast(grad, acc), b.cast(x, acc)
+    rstd = b.reshape(b.cast(rstd, acc), stat_shape)
+    x_hat = b.emit("mul", b.emit("sub", xf, b.reshape(b.cast(mean, acc), stat_shape)), rstd)
+    d_input = d_weight = d_bias = None
+    if want[0]:
+        gw = g if weight is None else b.emit("mul", g, b.reshape(b.cast(weight, acc), (1,) * (nd - k) + x.type.shape[nd - k:]))
+        count = b.full(n, acc)
+        s1 = b.emit("sum", gw, dims=inner, keepdim=True)
+        s2 = b.emit("sum", b.emit("mul", gw, x_hat), dims=inner, keepdim=True)
+        inner_sum = b.emit("sub", b.emit("sub", b.emit("mul", gw, count), s1), b.emit("mul", x_hat, s2))
+        d_input = b.cast(b.emit("mul", b.emit("div", rstd, count), inner_sum), x.type.dtype)
+    if want[1] and weight is not None:
+        prod = b.emit("mul", g, x_hat)
+        d_weight = b.cast(b.emit("sum", prod, dims=outer, keepdim=False) if outer else prod, weight.type.dtype)
+    if want[2] and bias is not None:
+        d_bias = b.cast(b.emit("sum", g, dims=outer, keepdim=False) if outer else g, bias.type.dtype)
+    return d_input, d_weight, d_bias
 
 
 @lowering(aten.native_group_norm)

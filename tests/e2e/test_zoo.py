@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import minicomp
-import minicomp.compiler.capture as capture
+from minicomp.compiler import decompositions
 from tests.e2e.models import ZOO
 from tests.helpers import assert_matches_eager
 
@@ -24,7 +24,7 @@ TRAIN_EXTERNS = {
 
 # ATen's CPU decomposition of flash attention returns the probabilities where its backward expects the
 # logsumexp; until capture keeps that op whole (as Inductor does), sdpa's gradients come out wrong
-_SDPA_DECOMPOSED = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in capture._DECOMPOSITIONS
+_SDPA_DECOMPOSED = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in decompositions.TRAINING
 _sdpa_xfail = pytest.mark.xfail(_SDPA_DECOMPOSED, reason="capture decomposes flash attention for CPU", strict=True)
 
 
