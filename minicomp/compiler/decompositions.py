@@ -1,11 +1,11 @@
 """Which ATen ops AOTAutograd decomposes before minicomp lowers its graphs (capture.py).
 
 Core ATen's decompositions, less the ops minicomp lowers whole and a few more:
-- Ops the front end lowers to the same IR their decompositions would give (views, and the
-  backward formulas of layer_norm, gelu, silu and tanh, spelled out in lower_reduce.py and
-  lower_pointwise.py). A decomposition is traced on fake tensors op by op, each level of it
-  (`t` -> `transpose` -> `permute`): 0.3-1 ms an op, where lowering the op whole costs tens of
-  microseconds. They were 0.15-0.21 s of a 2-layer HF GPT-2, BERT or Llama training step's trace
+- Ops the front end lowers to the same IR their decompositions would give (views, silu, a
+  slice's gradient, and the backward formulas of layer_norm, gelu, silu and tanh, spelled out in
+  lower_reduce.py, lower_pointwise.py and lower_index.py). A decomposition is traced on fake
+  tensors op by op, each level of it (`t` -> `transpose` -> `permute`): 0.3-1 ms an op, where
+  lowering the op whole costs tens of microseconds. They were 0.15-0.21 s of a 2-layer HF GPT-2, BERT or Llama training step's trace
   (layer_norm's backward alone 17 ms a call) and 30-50 ms of an inference trace.
 - Inference graphs keep layer_norm whole too (`for_inputs`). Training graphs get its arithmetic:
   the partitioner can then recompute its output from the saved mean and rstd (one torch op is
@@ -24,11 +24,11 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
 
-# lowered whole by the front end (lower_view.py, lower_reduce.py, lower_pointwise.py)
+# lowered whole by the front end (lower_view.py, lower_reduce.py, lower_pointwise.py, lower_index.py)
 LOWERED_WHOLE = (aten.t.default, aten.transpose.int, aten._unsafe_view.default, aten.detach.default,
                  aten.split.Tensor, aten.unbind.int, aten.squeeze.default, aten.squeeze.dim,
-                 aten.native_layer_norm_backward.default, aten.gelu_backward.default,
-                 aten.silu_backward.default, aten.tanh_backward.default)
+                 aten.silu.default, aten.native_layer_norm_backward.default, aten.gelu_backward.default,
+                 aten.silu_backward.default, aten.tanh_backward.default, aten.slice_backward.default)
 RUN_AS_THEMSELVES = (aten._scaled_dot_product_flash_attention_for_cpu.default, aten.embedding_dense_backward.default,
                      *(getattr(op, name) for op in (aten.index_add, aten.index_add_, aten.index_copy, aten.index_copy_,
                                                     aten.index_fill, aten.index_fill_) for name in op.overloads()))

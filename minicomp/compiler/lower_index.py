@@ -115,6 +115,12 @@ def _slice_scatter(b, x, src, dim=0, start=None, end=None, step=1):
     return b.emit("where", _along(b, hit, dim, nd), spread, x)
 
 
+@lowering(aten.slice_backward.default)
+def _slice_backward(b, grad, input_sizes, dim, start, end, step):
+    """The gradient of a slice: zeros of the input's shape with `grad` written back (torch's formula)."""
+    return _slice_scatter(b, b.full(0, grad.type.dtype, b.out_shape), grad, dim, start, end, step)
+
+
 @lowering(aten.select_scatter.default)
 def _select_scatter(b, x, src, dim, index):
     dim = norm_dim(dim, x.type.ndim)

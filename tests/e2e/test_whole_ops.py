@@ -151,3 +151,18 @@ def test_inference_layer_norm_whole(backend):
     _no_externs(compiled)
     g, = compiled.report().graphs
     assert g.kind == "inference" and g.detail["kernels"] == 1, g.detail
+
+
+class Slices(nn.Module):
+    def forward(self, x):
+        return x[:, 1:5] * 2 + x[:, ::3] + x[2:4].sum(0)[:4] + F.silu(x[:, -4:])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slice_backward_and_silu(backend):
+    """A slice's gradient (zeros with the gradient written back; steps too) and silu, lowered whole."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 12, requires_grad=True)
+    compiled = assert_matches_eager(Slices(), x, backend=backend, rtol=1e-5, atol=1e-5)
+    _no_externs(compiled)
+    assert {aten.slice_backward.default, aten.silu.default} <= _targets(Slices(), x.detach().requires_grad_(True), grad=True)
