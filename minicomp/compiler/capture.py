@@ -1,7 +1,8 @@
-"""Capture: Dynamo + AOTAutograd hand us functional core-ATen fx graphs; we compile each.
+"""Capture: Dynamo + AOTAutograd hand us functional ATen fx graphs (core ATen, less the ops
+decompositions.py keeps whole for the lowerings); we compile each.
 
-With requires_grad inputs or parameters AOTAutograd splits forward and backward (its default
-partition) and both go through our pipeline, so `loss.backward()` runs compiled code too.
+With requires_grad inputs or parameters AOTAutograd splits forward and backward (at minicomp's
+min cut: training.py) and both go through our pipeline, so `loss.backward()` runs compiled code too.
 `minicomp_backend` is also what `torch.compile(model, backend="minicomp")` reaches (registered
 on import and through the `torch_dynamo_backends` entry point). An inference graph Dynamo captured
 before skips AOTAutograd and lowering through the graph cache (graph_cache.py); one this process
