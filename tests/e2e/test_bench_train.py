@@ -80,7 +80,7 @@ def test_swiglu_product_and_norm_output_are_recomputed_inside_backward_kernels()
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     p, = runs[True][0].report().partitions
     recomputed = {op for _, op, *_ in p.recomputed}
-    assert {"mul", "sigmoid"} <= recomputed
+    assert {"mul", "silu"} <= recomputed  # the product and silu (one op: compiler/decompositions.py)
     assert p.saved_bytes <= theirs and p.saved_bytes <= 0.6 * p.no_remat_bytes
 
     def backward_kernels(c):
