@@ -4,9 +4,10 @@ Core ATen's decompositions, less the ops minicomp lowers whole and a few more:
 - Ops the front end lowers to the same IR their decompositions would give (views, silu, a
   slice's gradient, and the backward formulas of layer_norm, gelu, silu and tanh, spelled out in
   lower_reduce.py, lower_pointwise.py and lower_index.py). A decomposition is traced on fake
-  tensors op by op, each level of it (`t` -> `transpose` -> `permute`): 0.3-1 ms an op, where
-  lowering the op whole costs tens of microseconds. They were 0.15-0.21 s of a 2-layer HF GPT-2, BERT or Llama training step's trace
-  (layer_norm's backward alone 17 ms a call) and 30-50 ms of an inference trace.
+  tensors op by op, each level of it (`t` -> `transpose` -> `permute`): 0.2-1 ms an op, where
+  lowering the op whole costs tens of microseconds. They were 0.15-0.21 s of a 2-layer HF GPT-2,
+  BERT or Llama training step's trace (layer_norm's backward alone 17 ms a call) and 30-50 ms of
+  an inference trace.
 - Inference graphs keep layer_norm whole too (`for_inputs`). Training graphs get its arithmetic:
   the partitioner can then recompute its output from the saved mean and rstd (one torch op is
   recomputed whole or not at all, and the whole op includes two reductions). That arithmetic is
@@ -36,10 +37,9 @@ RUN_AS_THEMSELVES = (aten._scaled_dot_product_flash_attention_for_cpu.default, a
                                                     aten.index_fill, aten.index_fill_) for name in op.overloads()))
 
 
-
 def _layer_norm(x, normalized_shape, weight, bias, eps):
     """native_layer_norm as torch._refs spells it (statistics in f32 for low precision, and on CPU
-    in the input's dtype after), without its checks and wrappers: a third of the ops to trace."""
+    in the input's dtype after), without its checks and wrappers: half the time to trace."""
     dims = list(range(x.dim() - len(normalized_shape), x.dim()))
     acc = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
     var, mean = torch.var_mean(acc, dim=dims, correction=0, keepdim=True)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 
 from ..ir import dtype_name
-from ..ir.types import dim
 from ..ir.sym import decide, is_sym, known
+from ..ir.types import dim
 from .lower_nn import fold_batch_norm
 from .lowering import Unsupported, aten, compute_dtype, lowering, norm_dim, norm_dims
 
