@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
+import minicomp
 from minicomp.compiler import decompositions
 from tests.helpers import assert_matches_eager
 
@@ -166,3 +167,27 @@ def test_slice_backward_and_silu(backend):
     compiled = assert_matches_eager(Slices(), x, backend=backend, rtol=1e-5, atol=1e-5)
     _no_externs(compiled)
     assert {aten.slice_backward.default, aten.silu.default} <= _targets(Slices(), x.detach().requires_grad_(True), grad=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grad_turned_on_inside_a_no_grad_call(backend):
+    """Called under no_grad, the graph gets the inference table (layer_norm whole); grad turned on
+    inside makes AOTAutograd trace a backward all the same, with layer_norm's backward whole."""
+    def fn(x, w, b):
+        with torch.enable_grad():
+            return F.gelu(F.layer_norm(x * 3, (8,), w, b)) * 2
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 8), torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
+    compiled = minicomp.compile(fn, backend=backend)
+    with torch.no_grad():
+        got, want = compiled(x, w, b), fn(x, w, b)
+    assert got.requires_grad
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    got.sum().backward()
+    grads = [w.grad.clone(), b.grad.clone()]
+    w.grad = b.grad = None
+    want.sum().backward()
+    torch.testing.assert_close(grads, [w.grad, b.grad], rtol=1e-5, atol=1e-5)
+    assert sorted(g.kind for g in compiled.report().graphs) == ["backward", "forward"]
+    _no_externs(compiled)
