@@ -29,14 +29,12 @@ def trace_only(decompositions: dict | None = None):
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
-    from minicomp.compiler.decompositions import for_inputs
+    from minicomp.compiler.decompositions import aot_backend
     keep = lambda gm, _: make_boxed_func(gm)  # noqa: E731
-
-    def backend(gm, example_inputs):
-        table = for_inputs(example_inputs) if decompositions is None else decompositions
-        return aot_autograd(fw_compiler=keep, bw_compiler=keep, inference_compiler=keep,
-                            decompositions=table)(gm, example_inputs)
-    return backend
+    compilers = dict(fw_compiler=keep, bw_compiler=keep, inference_compiler=keep)
+    if decompositions is None:
+        return aot_backend(**compilers)
+    return aot_autograd(decompositions=decompositions, **compilers)
 
 
 def warm_traces(step) -> None:

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
 import torch
-from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.source import GetItemSource, LocalSource
 from torch._functorch.aot_autograd import make_boxed_func
 
@@ -329,10 +328,8 @@ def make_backend(options: Options, report: Report):
         state["compiled"] = compile_fx_graph(gm, example_inputs, options, report, "inference",
                                              cache_key=state["key"], guarded=state["guarded"])
         return state["compiled"]
-    partition_fn = make_partition(options, report, _partition_kernel_ops(options))
-    aots = {id(table): aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference,
-                                    decompositions=table, partition_fn=partition_fn)
-            for table in (decompositions.TRAINING, decompositions.INFERENCE)}
+    aot = decompositions.aot_backend(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference,
+                                     partition_fn=make_partition(options, report, _partition_kernel_ops(options)))
 
     def backend(gm, example_inputs):
         key = graph_cache.graph_key(gm, example_inputs, options.strict)
@@ -345,7 +342,7 @@ def make_backend(options: Options, report: Report):
         state.update(key=key, compiled=None, guarded=guarded)
         first, t_aot = len(report.graphs), time.perf_counter()
         try:
-            wrapped = aots[id(decompositions.for_inputs(example_inputs))](gm, example_inputs)
+            wrapped = aot(gm, example_inputs)
             ours = state["compiled"]
         finally:
             state.update(key=None, compiled=None, guarded=frozenset())

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
 
 aten = torch.ops.aten
 
@@ -70,3 +71,11 @@ def for_inputs(example_inputs) -> dict:
         return INFERENCE
     needs_grad = any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
     return TRAINING if needs_grad else INFERENCE
+
+
+def aot_backend(**compilers):
+    """A Dynamo backend running AOTAutograd with `compilers` (aot_autograd's keywords) and the
+    table `for_inputs` gives each graph: how capture.py compiles, and what the benchmark's and the
+    tests' traces run."""
+    by_table = {id(table): aot_autograd(decompositions=table, **compilers) for table in (TRAINING, INFERENCE)}
+    return lambda gm, example_inputs: by_table[id(for_inputs(example_inputs))](gm, example_inputs)

@@ -184,17 +184,14 @@ def _gelu(b, x, approximate="none"):
 
 
 def _backward_formula(formula):
-    """An activation's backward as torch's decomposition spells it (`formula(c, grad, x)`, `c(v)`
-    a constant), in f32 for low precision, cast to the result's dtype."""
+    """An activation's backward as torch's decomposition spells it (`formula(c, op, grad, x)`:
+    `c(v)` a constant, `op` Builder.emit), in f32 for low precision, cast to the result's dtype."""
     def lower(b, grad, x, *args, **kwargs):
         dt = compute_dtype(b.out_dtype)
 
         def c(v):
             return b.full(v, dt)
-
-        def op(name, *xs):
-            return b.emit(name, *xs)
-        return b.cast(formula(c, op, b.cast(grad, dt), b.cast(x, dt), *args, **kwargs), b.out_dtype)
+        return b.cast(formula(c, b.emit, b.cast(grad, dt), b.cast(x, dt), *args, **kwargs), b.out_dtype)
     return lower
 
 

@@ -222,7 +222,7 @@ def _layer_norm_backward(b, grad, x, normalized_shape, mean, rstd, weight, bias,
     x_hat = b.emit("mul", b.emit("sub", xf, b.reshape(b.cast(mean, acc), stat_shape)), rstd)
     d_input = d_weight = d_bias = None
     if want[0]:
-        gw = g if weight is None else b.emit("mul", g, b.reshape(b.cast(weight, acc), (1,) * (nd - k) + x.type.shape[nd - k:]))
+        gw = _affine(b, g, weight, None, (1,) * (nd - k) + x.type.shape[nd - k:])
         count = b.full(n, acc)
         s1 = b.emit("sum", gw, dims=inner, keepdim=True)
         s2 = b.emit("sum", b.emit("mul", gw, x_hat), dims=inner, keepdim=True)

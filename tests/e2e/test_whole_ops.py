@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 import minicomp
@@ -27,9 +26,7 @@ def _targets(fn, *inputs, grad: bool) -> set:
         seen.update(n.target for n in gm.graph.nodes if n.op == "call_function")
         return make_boxed_func(gm)
 
-    def backend(gm, example_inputs):
-        return aot_autograd(fw_compiler=keep, bw_compiler=keep, inference_compiler=keep,
-                            decompositions=decompositions.for_inputs(example_inputs))(gm, example_inputs)
+    backend = decompositions.aot_backend(fw_compiler=keep, bw_compiler=keep, inference_compiler=keep)
     torch._dynamo.reset()
     with torch.set_grad_enabled(grad):
         out = torch.compile(fn, backend=backend)(*inputs)

@@ -15,9 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from functorch.compile import make_boxed_func
-from torch._dynamo.backends.common import aot_autograd
 
-from minicomp.compiler.decompositions import for_inputs
+from minicomp.compiler.decompositions import aot_backend
 from minicomp.compiler.frontend import lower
 from minicomp.compiler.output_layout import laid_out
 from minicomp.ir import interpret, parse, verify
@@ -36,10 +35,8 @@ def capture(fn, *inputs) -> dict:
             graphs[kind] = lower(gm, kind, layout_outputs=laid_out(kind, gm))[0]  # as capture.py lowers
             return make_boxed_func(gm.forward)
         return run
-    def backend(gm, example_inputs):  # each graph with the decompositions capture.py gives it
-        return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                            inference_compiler=compiler("inference"),
-                            decompositions=for_inputs(example_inputs))(gm, example_inputs)
+    backend = aot_backend(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),  # as capture.py
+                          inference_compiler=compiler("inference"))
     # a fresh code object: Dynamo's cache from an earlier capture of `fn` must not swallow this one
     fresh = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     out = torch.compile(fresh, backend=backend, dynamic=False)(*inputs)
