@@ -17,14 +17,16 @@ run (what this machine can actually stream). A memory-bound kernel near 100% has
 gain. Each row also carries minicomp's max abs error against eager, and a row outside the
 tolerance is marked WRONG and left out of the geomean: a fast wrong answer never looks good.
 
-Compile times: the first call with cold caches (`cold own s`: minicomp's part of it, the first call's
-wait for LLVM included; `llvm s`: LLVM's, which runs in the background from the end of code generation), then a recompile in the same process after `torch._dynamo.reset()` (`again s`), minicomp's
-own part of it (`own s`), and Dynamo's trace alone (`dynamo s`: its `eager` backend's first call less
-its second), which every Dynamo-based compiler pays before its own work, and `trace s`: Dynamo and
-AOTAutograd's traces with nothing compiled, as minicomp runs them (`trace/ind.`: that and one call
-over Inductor's cold compile, the least ratio a compiler built on both can reach). Before the cold
-compiles, untimed traces pay the process's first-use costs of tracing for both compilers, and each
-timed compile starts after a full collection (bench_traces.py).
+Compile times: the first call with cold caches, the median of three cold compiles per compiler,
+the two taken in turn, each from empty caches of its own (`cold own s`: minicomp's part of it, the
+first call's wait for LLVM included; `llvm s`: LLVM's, which runs in the background from the end of
+code generation), then a recompile in the same process after `torch._dynamo.reset()` (`again s`),
+minicomp's own part of it (`own s`), and Dynamo's trace alone (`dynamo s`: its `eager` backend's
+first call less its second), which every Dynamo-based compiler pays before its own work, and
+`trace s`: Dynamo and AOTAutograd's traces with nothing compiled, as minicomp runs them
+(`trace/ind.`: that and one call over Inductor's cold compile, the least ratio a compiler built on
+both can reach). Before the cold compiles, untimed traces pay the process's first-use costs of
+tracing for both compilers, and each timed compile starts after a full collection (bench_traces.py).
 """
 from __future__ import annotations
 
@@ -47,12 +49,13 @@ from minicomp.overhead import breakdown, format_breakdown
 
 from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, TRAIN_CASES, make_case, unavailable
 from minicomp.bench_train import format_train_table, run_train
-from minicomp.bench_traces import collect, compile_parts, trace_only, warm_traces
+from minicomp.bench_traces import cold_caches, collect, compile_parts, trace_only, warm_traces
 from minicomp.timing import grid, machine, peak_bytes, set_threads, time_interleaved
 
 OVERHEAD_BOUND_S = 200e-6  # a call below this is mostly host overhead: its breakdown goes in the output
 TOLERANCE = 1e-4  # max abs error allowed, relative to max(1, max |eager output|)
 AGAIN_SAMPLES = 3  # warm recompiles timed per compiler (the median is shown)
+COLD_SAMPLES = 3   # cold compiles timed per compiler (the median is shown; one with --quick)
 
 
 def _tensors(tree) -> list:
@@ -118,16 +121,24 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
     # the process's first-use costs of tracing this case, paid for both compilers (bench_traces.py):
     # the cold columns compare the compilers, not the order they run in
     warm_traces(lambda b: torch.compile(fn, backend=b)(*inputs))
-    cold = minicomp.compile(fn, backend=backend)
-    compile_s, _ = _timed_first_call(cold, inputs)
-    cold_own_s, llvm_s = compile_parts(cold.report())
-    notes = []
-    try:
+    # cold compiles, the two compilers in turn, each from empty caches (bench_traces.cold_caches): medians
+    cold, ind_cold, notes = [], [], []
+    for _ in range(1 if quick else COLD_SAMPLES):
         torch._dynamo.reset()
-        inductor_compile_s, _ = _timed_first_call(torch.compile(fn), inputs)
-    except Exception as e:  # a machine without a C++ compiler: still show eager vs minicomp
-        inductor_compile_s = None
-        notes.append(f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        with cold_caches():
+            compiled = minicomp.compile(fn, backend=backend)
+            cold.append((_timed_first_call(compiled, inputs)[0],) + compile_parts(compiled.report()))
+        if ind_cold is None:
+            continue
+        torch._dynamo.reset()
+        try:
+            with cold_caches():
+                ind_cold.append(_timed_first_call(torch.compile(fn), inputs)[0])
+        except Exception as e:  # a machine without a C++ compiler: still show eager vs minicomp
+            ind_cold = None
+            notes.append(f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+    compile_s, cold_own_s, llvm_s = (statistics.median(c[k] for c in cold) for k in range(3))
+    inductor_compile_s = statistics.median(ind_cold) if ind_cold else None
     # Warm recompiles: the median of three for each compiler (a full garbage collection of a heap this
     # size takes 0.3 s and lands on one compile or another). No reset follows the last round: the
     # callables timed below are its compiles, and a reset would drop them.
@@ -258,7 +269,7 @@ def format_table(rows: list) -> str:
     if rows:
         out.append(f"copy bandwidth (dst.copy_(src), median over cases): "
                    f"{statistics.median(r['copy_gbps'] for r in rows):.1f} GB/s; "
-                   f"compile s = first call, cold caches; again s = a fresh compile of the same case in this process, median of 3 "
+                   f"compile s = first call, cold caches, median of {COLD_SAMPLES} (one with --quick); again s = a fresh compile of the same case in this process, median of 3 "
                    f"(Dynamo traces again; minicomp's graph cache then skips AOTAutograd, lowering, passes and code generation, "
                    f"as Inductor's caches skip its own); own s = minicomp's part of that (building the program, loading machine code); "
                    f"dynamo s = Dynamo's trace alone (backend='eager', same rounds; its first call less its second): what no Dynamo-based compile goes under; trace s = Dynamo and AOTAutograd with nothing compiled (same decompositions, same rounds), "

@@ -8,10 +8,18 @@ first trace). Whichever compiler traces a case first pays them, so the benchmark
 with its own decomposition table. What stays in the cold columns is each compiler's own work:
 AOTAutograd's trace proper, lowering, passes and code generation. Each timed compile starts
 after a full collection of the cycle collector (`collect`).
+
+A cold compile is one sample of a noisy figure (+-0.3 s on a 3 s GPT-2 training compile here), so
+the benchmark times several and shows the median; each runs inside `cold_caches`: empty disk caches
+of its own for both compilers and none of their in-memory ones, as in a new process on a new machine.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import shutil
+import tempfile
 
 import torch
 
@@ -47,6 +55,35 @@ def warm_traces(step) -> None:
         except Exception:  # an op one table cannot trace: the compiler that uses it pays its own first use
             pass
     torch._dynamo.reset()
+
+
+@contextlib.contextmanager
+def cold_caches():
+    """A cold compile inside: minicomp's and Inductor's disk caches point at new empty folders
+    (removed after), and the graphs each keeps in memory are dropped (minicomp's Built graphs,
+    Inductor's loaded code and its graph caches). Dynamo's caches are the caller's to reset."""
+    from minicomp.compiler.capture import forget_built
+    root = tempfile.mkdtemp(prefix="minicomp-cold-")
+    before = os.environ.get("MINICOMP_CACHE_DIR")
+    os.environ["MINICOMP_CACHE_DIR"] = os.path.join(root, "minicomp")
+    forget_built()
+    try:
+        with _fresh_inductor_cache(root):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop("MINICOMP_CACHE_DIR", None)
+        else:
+            os.environ["MINICOMP_CACHE_DIR"] = before
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _fresh_inductor_cache(root: str):
+    """Inductor's own context for this: a new TORCHINDUCTOR_CACHE_DIR, its in-memory caches cleared
+    (named fresh_inductor_cache before torch 2.8)."""
+    from torch._inductor import utils
+    fresh = getattr(utils, "fresh_cache", None) or utils.fresh_inductor_cache
+    return fresh(dir=root)
 
 
 def collect() -> None:

@@ -23,11 +23,12 @@ import torch.nn.functional as F
 import minicomp
 from minicomp.api import CompiledModule
 from minicomp.bench_cases import Case, make_train_case
-from minicomp.bench_traces import collect, compile_parts, trace_only, warm_traces
+from minicomp.bench_traces import cold_caches, collect, compile_parts, trace_only, warm_traces
 from minicomp.options import Options
 from minicomp.timing import grid, set_threads, time_interleaved
 
 TOLERANCE = 1e-4  # max abs gradient error after one step, relative to max(1, max |eager gradient|)
+COLD_SAMPLES = 3  # cold first steps timed per compiler (the median is shown; one with --quick)
 
 
 def torch_min_cut_bytes(model, inputs) -> int | None:
@@ -132,6 +133,14 @@ def _grads_after_one_step(model, fn, inputs, target):
     return [p.grad.clone() for p in model.parameters()], loss.item()
 
 
+def _timed_step(model, fn, inputs, target) -> tuple:
+    """(seconds, (gradients, loss)) of a first training step, after a full collection."""
+    collect()
+    t0 = time.perf_counter()
+    result = _grads_after_one_step(model, fn, inputs, target)
+    return time.perf_counter() - t0, result
+
+
 def trace_first_step(model, inputs, target) -> float | None:
     """Seconds of a first training step through Dynamo and AOTAutograd (minicomp's decompositions,
     PyTorch's default partition) that compiles nothing: the traces any compiler built on both pays,
@@ -180,26 +189,39 @@ def bench_train_case(name: str, backend: str, reps: int, quick: bool) -> dict:
     target = torch.randn_like(case.fn(*case.inputs)).detach()
     models = {k: copy.deepcopy(case.fn) for k in ("eager", "minicomp", "noremat", "inductor")}
     trace_s = trace_first_step(case.fn, case.inputs, target)
-    fns = {"eager": models["eager"], "minicomp": minicomp.compile(models["minicomp"], backend=backend),
-           "noremat": minicomp.compile(models["noremat"], backend=backend, remat=False)}
-    collect()
-    t0 = time.perf_counter()
-    grads, loss = _grads_after_one_step(models["minicomp"], fns["minicomp"], case.inputs, target)
-    compile_s = time.perf_counter() - t0
-    own_s, llvm_s = compile_parts(fns["minicomp"].report())
+    # cold first steps, the two compilers in turn, each from empty caches (bench_traces.cold_caches):
+    # medians. The extra samples compile copies, each after a reset of Dynamo (a copy of a module
+    # would otherwise find the compiled code of the one before); the last pair, after one more
+    # reset, compiles the models the table times, and nothing resets Dynamo after them.
+    fns, cold, ind_cold, notes = {"eager": models["eager"]}, [], [], []
+    for k in range(1 if quick else COLD_SAMPLES):
+        last = k == (0 if quick else COLD_SAMPLES - 1)
+        torch._dynamo.reset()
+        model = models["minicomp"] if last else copy.deepcopy(case.fn)
+        with cold_caches():
+            fn = minicomp.compile(model, backend=backend)
+            s, result = _timed_step(model, fn, case.inputs, target)
+            cold.append((s,) + compile_parts(fn.report()))
+        if last:
+            fns["minicomp"], (grads, loss) = fn, result
+        if ind_cold is None:
+            continue
+        model = models["inductor"] if last else copy.deepcopy(case.fn)
+        try:
+            with cold_caches():
+                fn = torch.compile(model)
+                ind_cold.append(_timed_step(model, fn, case.inputs, target)[0])
+        except Exception as e:  # a machine without a C++ compiler: still show eager vs minicomp
+            ind_cold = None
+            notes.append(f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+            continue
+        if last:
+            fns["inductor"] = fn
+    compile_s, own_s, llvm_s = (statistics.median(c[i] for c in cold) for i in range(3))
+    inductor_s = statistics.median(ind_cold) if ind_cold else None
+    fns["noremat"] = minicomp.compile(models["noremat"], backend=backend, remat=False)
     want, loss_e = _grads_after_one_step(models["eager"], fns["eager"], case.inputs, target)
     _grads_after_one_step(models["noremat"], fns["noremat"], case.inputs, target)
-    notes = []
-    try:
-        fns["inductor"] = torch.compile(models["inductor"])
-        collect()
-        t0 = time.perf_counter()
-        _grads_after_one_step(models["inductor"], fns["inductor"], case.inputs, target)
-        inductor_s = time.perf_counter() - t0
-    except Exception as e:  # a machine without a C++ compiler: still show eager vs minicomp
-        inductor_s = None
-        fns.pop("inductor")
-        notes.append(f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
     scale = max(1.0, max(g.abs().max().item() for g in want))
     err = max(max((a - b).abs().max().item() for a, b in zip(grads, want)), abs(loss - loss_e))
     ok = err <= TOLERANCE * scale
@@ -292,8 +314,9 @@ def format_train_table(rows: list) -> str:
                "mc/inductor, the ratio left if minicomp's kernels cost nothing and all else stays; "
                "ind. kernels = the share of Inductor's step in the kernels Inductor generates (profiled); bound = 1 - that "
                "share, the mc/inductor a compiler reaches whose kernels cost nothing and whose every other cost (torch's "
-               "matmuls and optimizer, Dynamo, AOTAutograd, autograd) is Inductor's; compile s = the first step (cold disk "
-               "caches; the process has traced once before, see trace s), inductor s Inductor's; own s = minicomp's part of the "
+               "matmuls and optimizer, Dynamo, AOTAutograd, autograd) is Inductor's; compile s = the first step (empty caches, "
+               f"median of {COLD_SAMPLES}, the compilers in turn, one with --quick; the process has traced once before, see "
+               "trace s), inductor s Inductor's; own s = minicomp's part of the "
                "first step (the cut, the forward's and backward's code, the first calls' waits for LLVM), llvm s = LLVM's O3, "
                "machine code and loading, in the background from the end of each graph's code generation; trace s = a first step through Dynamo and AOTAutograd that compiles nothing (same "
                "decompositions, PyTorch's partition; the step run by torch), and trace/ind. that over Inductor's: the least "

@@ -73,6 +73,11 @@ _built: "collections.OrderedDict[tuple, Built]" = collections.OrderedDict()
 BUILT_MEMO = 64  # graphs kept, least recently used dropped
 
 
+def forget_built() -> None:
+    """Drop every Built graph: the next compile of any graph starts where a new process would."""
+    _built.clear()
+
+
 def _memo_key(cache_key, options: Options):
     """None when this compile dumps its stages (a dump shows every pass, so nothing is skipped)."""
     if cache_key is None or options.debug_level or options.dump_dir:

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import minicomp
 from minicomp import bench, demo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,3 +101,32 @@ def test_warm_traces_run_both_compilers_tables(monkeypatch):
     counter = CompileCounter()
     torch.compile(lambda x: x + 1, backend=counter)(torch.randn(2))
     assert counter.frame_count == 1
+
+
+def test_cold_caches_give_each_compile_empty_caches_of_its_own(monkeypatch, tmp_path):
+    """A cold sample in the benchmark: minicomp finds nothing on disk or in memory from the compile
+    before (no graph-cache hit, machine code compiled again), Inductor gets a cache folder of its own,
+    and both folders are put back and the cold ones removed after."""
+    import os
+
+    from minicomp import bench_traces
+    monkeypatch.setenv("MINICOMP_CACHE_DIR", str(tmp_path / "mc"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "ind"))
+
+    def f(x):
+        return torch.cos(x).sum(-1) * 2
+    x = torch.randn(4, 8)
+    seen, reports = [], []
+    for _ in range(2):
+        torch._dynamo.reset()
+        with torch.no_grad(), bench_traces.cold_caches():
+            seen.append((os.environ["MINICOMP_CACHE_DIR"], os.environ["TORCHINDUCTOR_CACHE_DIR"]))
+            c = minicomp.compile(f, backend="cpu")
+            torch.testing.assert_close(c(x), f(x))
+            reports.append(c.report())
+    assert os.environ["MINICOMP_CACHE_DIR"] == str(tmp_path / "mc")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "ind")
+    assert len({d for pair in seen for d in pair}) == 4 and not any(os.path.exists(d) for pair in seen for d in pair)
+    for r in reports:  # each compiled from scratch: lowered, and its machine code built by LLVM
+        assert [g.detail.get("graph_cache") for g in r.graphs] == [None]
+        assert r.graphs[0].phases_ms.get("lower", 0) > 0 and r.graphs[0].phases_ms.get("llvm_jit", 0) > 0

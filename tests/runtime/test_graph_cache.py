@@ -19,7 +19,7 @@ from minicomp.runtime import cache
 def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MINICOMP_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("MINICOMP_GRAPH_CACHE", raising=False)
-    capture._built.clear()
+    capture.forget_built()
     torch._dynamo.reset()
 
 
@@ -43,7 +43,7 @@ def run(fn, *args, backend="cpu", memo=False, **kw):
     compiled callable returned. Without `memo` the in-memory Built graphs are dropped first, as in a
     new process, so the disk cache is what a second compile finds."""
     if not memo:
-        capture._built.clear()
+        capture.forget_built()
     torch._dynamo.reset()
     c = minicomp.compile(fn, backend=backend, **kw)
     torch.testing.assert_close(c(*args), fn(*args))
