@@ -191,3 +191,26 @@ def test_torch_nn_attention_layers_train(backend):
     pad[0, 5:] = True
     assert_matches_eager(lambda x: layer(x, src_key_padding_mask=pad), torch.randn(2, 7, 32, requires_grad=True),
                          backend=backend, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_backward_is_compiled_with_the_forward(backend):
+    """The first forward of a training graph compiles its backward too (decompositions.py), so the
+    backward's machine code is built while the forward runs; the first backward compiles nothing
+    more and gives eager's gradients. A forward whose backward is never called is still right."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    ref = copy.deepcopy(model)
+    compiled = minicomp.compile(model, backend=backend)
+    out = compiled(x)
+    kinds = [g.kind for g in compiled.report().graphs]
+    assert kinds == ["forward", "backward"], kinds
+    out.square().sum().backward()
+    assert [g.kind for g in compiled.report().graphs] == kinds  # nothing compiled at the backward
+    want = ref(x)
+    want.square().sum().backward()
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(compiled(x), ref(x), rtol=1e-5, atol=1e-5)  # a forward with no backward after it
