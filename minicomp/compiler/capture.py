@@ -225,6 +225,8 @@ def _compile(gm, example_inputs, options: Options, report: Report, kind: str, ca
         return out
     boxed._boxed_call = True
     boxed.run, boxed.plain = run, plain
+    if kind == "backward" and hasattr(program, "release"):  # api._release: autograd graphs may call it later
+        program.called_by_autograd = True
     report.runs.append(program)
     return boxed
 

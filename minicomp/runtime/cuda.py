@@ -167,12 +167,14 @@ class CudaRunner:
         with dev.active(), on_stream(dev):
             return self.run(*inputs)
 
-    def release(self) -> None:
-        """Free the arena, the captured graph and the kernels; a later call is an error."""
+    def release(self, keep_code: bool = False) -> None:
+        """Free the arena, the captured graph and the kernels; a later call is an error. With
+        `keep_code`, the arena and the captured graph only (Program.release)."""
         release = getattr(self.run, "release", None)  # a GraphReplay releases its graph and the program
         if release is not None:
-            release()
-        self.run, self.program = _released, None
+            release(keep_code)
+        if not keep_code:
+            self.run, self.program = _released, None
 
 
 def _released(*inputs):

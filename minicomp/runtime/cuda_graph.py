@@ -88,6 +88,11 @@ class GraphReplay:
             self.graph.replay()
             return [None if o is None else o.clone() for o in self.static_out]
 
-    def release(self) -> None:
-        self.graph = self.static_out = self.buffers = None
-        self.program.release()
+    def release(self, keep_code: bool = False) -> None:
+        """The captured graph and its buffers, and the program's memory (Program.release); with
+        `keep_code` the next call warms up and captures again."""
+        with self.lock:
+            self.graph = self.static_out = self.buffers = None
+            if keep_code:
+                self.calls = 0
+        self.program.release(keep_code)

@@ -229,9 +229,17 @@ class Program:
             with self._grow:
                 self._grow.notify()
 
-    def release(self) -> None:
+    def release(self, keep_code: bool = False) -> None:
         """Free the arenas, recycled outputs and machine code (the callable that owned this program
-        is gone); a later call is an error, not a use of freed code."""
+        is gone); a later call is an error, not a use of freed code. `keep_code`: free only what a
+        call builds again (the executors: arenas, recycled outputs), for a backward that autograd
+        graphs made before the owner died may still call."""
+        if keep_code:
+            with self._grow:
+                self._first.clear()
+                self._idle.clear()
+                self._count = 0  # the next call builds a primary executor (one out in a call is checked in)
+            return
         self.steps, self.keepalive, self.bind, self._released = [], None, None, True
         self._first.clear()
         self._idle.clear()

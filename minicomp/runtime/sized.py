@@ -81,13 +81,17 @@ class SizedProgram:
                 raise
             return self.instance(inputs, sizes)[1](*inputs)  # another thread's new size evicted it just now
 
-    def release(self) -> None:
+    def release(self, keep_code: bool = False) -> None:
+        """Every instance and the machine code; with `keep_code` the instances only (a later call
+        makes its size's instance again from the code kept)."""
         with self._lock:
-            self._released = True
+            self._released = self._released or not keep_code
             for _, run in self.instances.values():
                 run.release()
             self.instances.clear()
-            self.keepalive = self.last = None
+            self.last = None
+            if not keep_code:
+                self.keepalive = None
 
     def __getattr__(self, name):
         # what tools read of a Program (primary(), steps, source) is the last instance's

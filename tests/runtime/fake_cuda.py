@@ -233,8 +233,8 @@ class RecordingProgram:
             g.calls.append((self, args, out))
         return out
 
-    def release(self):
-        self.program.release()
+    def release(self, keep_code=False):
+        self.program.release(keep_code)
 
 
 def install(monkeypatch, driver_version: int = 13000, capability=(9, 0)):

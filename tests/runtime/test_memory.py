@@ -126,3 +126,31 @@ def test_compiled_peak_is_no_more_than_eager(name):
     # a row of statistics is a sizable share of it)
     assert ours <= eager, f"compiled holds {ours} bytes at its peak (arena {arena} besides), eager {eager}"
     assert ours + arena <= 1.5 * eager, f"compiled holds {ours} + arena {arena} bytes at its peak, eager {eager}"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
+def test_a_backward_outlives_its_callable_and_its_memory_does_not(backend):
+    """The backward is compiled with the forward, so it is among the programs a deleted callable
+    releases; an autograd graph a forward made before may still call it. Its executors (arena,
+    recycled outputs) are freed with the callable, its code is kept, and the backward still gives
+    eager's gradients -- once from a temporary callable, once after `del`."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 16)
+    x = torch.randn(4, 8, requires_grad=True)
+    want = torch.autograd.grad(torch.nn.functional.gelu(lin(x)).sum(), (x, lin.weight))
+    fn = lambda a: torch.nn.functional.gelu(lin(a))  # noqa: E731
+    got = torch.autograd.grad(minicomp.compile(fn, backend=backend)(x).sum(), (x, lin.weight))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    compiled = minicomp.compile(fn, backend=backend)
+    out = compiled(x)
+    runs = list(compiled._report.runs)
+    backward = [r for r in runs if getattr(r, "called_by_autograd", False)]
+    assert len(runs) == 2 and len(backward) == 1
+    del compiled
+    gc.collect()
+    assert not backward[0]._first and not backward[0]._idle  # its memory went with the callable
+    assert all(r.keepalive is None for r in runs if r not in backward)  # the forward's code too
+    got = torch.autograd.grad(out.sum(), (x, lin.weight))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
