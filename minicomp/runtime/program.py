@@ -234,11 +234,11 @@ class Program:
         is gone); a later call is an error, not a use of freed code. `keep_code`: free only what a
         call builds again (the executors: arenas, recycled outputs), for a backward that autograd
         graphs made before the owner died may still call."""
-        if keep_code:
-            with self._grow:
+        if keep_code:  # the idle executors go; one out in a call is checked in as usual, and while the
+            with self._grow:  # primary is out, no second one is built (the count still holds it)
+                self._count -= len(self._first) + len(self._idle)
                 self._first.clear()
                 self._idle.clear()
-                self._count = 0  # the next call builds a primary executor (one out in a call is checked in)
             return
         self.steps, self.keepalive, self.bind, self._released = [], None, None, True
         self._first.clear()

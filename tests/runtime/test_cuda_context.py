@@ -72,6 +72,28 @@ def test_every_entry_point_works_from_any_thread(monkeypatch, graphs):
     assert drv.unloads == 1 and drv.bad_unloads == 0, "the module was not unloaded, or not in its context"
 
 
+
+def test_release_keeping_the_code_drops_the_graph_and_captures_again(monkeypatch):
+    """A backward's release (api._release, keep_code): the captured graph and the arena go, the
+    module stays loaded, and the next calls warm up and capture again; a full release unloads."""
+    import gc
+    drv, fake = install(monkeypatch)
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    run, detail, _ = cuda_program(mlp, x, w)
+    for _ in range(3):  # warm-up, capture, replay
+        run(*meta(x, w))
+    assert len(fake.captures) == 1
+    run.release(keep_code=True)
+    gc.collect()
+    assert run.run.graph is None and not run.program._first and drv.unloads == 0
+    for _ in range(3):
+        out = run(*meta(x, w))
+    assert out[0].shape == (8, 16) and len(fake.captures) == 2 and detail["captures"] == 2
+    assert [t for e, t, _ in drv.events if e == "load"] == ["MainThread"]  # loaded once
+    run.release()
+    gc.collect()
+    assert drv.unloads == 1
+
 def test_a_symbolic_graph_loads_one_module_and_captures_each_size(monkeypatch):
     """One module for every size; each size's launches pass its values after the pointers (as the
     kernels' `long long` parameters), and each size is a program instance of its own CUDA Graph."""
