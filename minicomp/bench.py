@@ -227,7 +227,7 @@ def run_bench(cases=None, backend: str = "auto", reps: int | None = None, quick:
     rows = []
     with torch.no_grad():
         for i, name in enumerate(names, 1):
-            progress(f"[{i}/{len(names)}] {name}: compiling (minicomp, then torch.compile), then {reps} interleaved rounds")
+            progress(f"[{i}/{len(names)}] {name}: cold compiles (minicomp and torch.compile in turn, {1 if quick else COLD_SAMPLES} each), warm ones, then {reps} interleaved rounds")
             rows.append(bench_case(name, backend, reps, quick, copy_elems, device))
     return rows
 

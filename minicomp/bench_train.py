@@ -292,8 +292,9 @@ def run_train(cases, backend: str = "auto", reps: int | None = None, quick: bool
     reps = reps or (7 if quick else 30)
     rows = []
     for i, name in enumerate(cases, 1):
-        print(f"bench: [{i}/{len(cases)}] {name}: compiling (minicomp twice, torch.compile), then {reps} "
-              "interleaved training steps", file=sys.stderr, flush=True)
+        print(f"bench: [{i}/{len(cases)}] {name}: cold first steps (minicomp and torch.compile in turn, "
+              f"{1 if quick else COLD_SAMPLES} each), remat=False, then {reps} interleaved training steps",
+              file=sys.stderr, flush=True)
         rows.append(bench_train_case(name, backend, reps, quick))
     return rows
 
