@@ -159,11 +159,7 @@ def trace_first_step(model, inputs, target) -> float | None:
         for _ in range(2):
             torch._dynamo.reset()
             traced = copy.deepcopy(model)
-            fn = torch.compile(traced, backend=trace_only())
-            collect()
-            t0 = time.perf_counter()
-            _grads_after_one_step(traced, fn, inputs, target)
-            seconds.append(time.perf_counter() - t0)
+            seconds.append(_timed_step(traced, torch.compile(traced, backend=trace_only()), inputs, target)[0])
     except Exception:
         return None
     finally:
