@@ -334,8 +334,7 @@ class CompiledModule:
 
 def _release(runs: list) -> None:
     """The programs of a compiled callable that is gone. A backward's keeps its code (`keep_code`):
-    an autograd graph a forward made before may still call it, and AOTAutograd compiles the
-    backward with the forward (compiler/decompositions.py), so it is among them from the start."""
+    an autograd graph a forward made before may still call it."""
     for run in runs:
         release = getattr(run, "release", None)
         if release is not None:

@@ -10,9 +10,8 @@ joins a capture. A call is ordered after the caller's work and the caller's late
 call (`on_stream`): our stream is not the one the caller's inputs were made on.
 
 Contexts are per thread. pycuda keeps a context stack per thread and refuses to load a module or
-make a stream on a thread whose stack is empty -- and a backward runs on autograd's device thread,
-not the thread that compiled the forward (which is where minicomp builds it: compiler/
-decompositions.py; AOTAutograd's lazy default built it there too, at the first backward()). So every
+make a stream on a thread whose stack is empty -- and AOTAutograd compiles the backward at the
+first backward(), on autograd's device thread, not the thread that compiled the forward. So every
 entry point (module load, a program's call, hence capture and replay) runs in `Device.active()`:
 the device's primary context (the one torch uses) is pushed when it is not this thread's current
 one, and popped after. A program runs on its inputs' device, not the current one (`CudaRunner`).

@@ -112,9 +112,8 @@ def test_a_symbolic_graph_loads_one_module_and_captures_each_size(monkeypatch):
 
 
 def test_lazy_backward_on_autograd_worker_thread(monkeypatch):
-    """A backward built at the first backward(), on autograd's device thread (AOTAutograd's lazy
-    default, which a torch without its eager switch keeps: decompositions.py): here the backward
-    program is built and first run inside backward() called from a new thread."""
+    """AOTAutograd compiles the backward at the first backward(), on autograd's device thread: here
+    the backward program is built and first run inside backward() called from a new thread."""
     drv, _ = install(monkeypatch)
     x = torch.randn(4, 8)
     forward, _, _ = cuda_program(lambda a: [torch.exp(a) * 3], x)

@@ -130,10 +130,10 @@ def test_compiled_peak_is_no_more_than_eager(name):
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda_emu"])
 def test_a_backward_outlives_its_callable_and_its_memory_does_not(backend):
-    """The backward is compiled with the forward, so it is among the programs a deleted callable
-    releases; an autograd graph a forward made before may still call it. Its executors (arena,
+    """A deleted callable releases its programs, its backward's among them once a backward() has
+    compiled it; an autograd graph a forward made before may still call it. Its executors (arena,
     recycled outputs) are freed with the callable, its code is kept, and the backward still gives
-    eager's gradients -- once from a temporary callable, once after `del`."""
+    eager's gradients -- once compiled after a temporary callable is gone, once after `del`."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(8, 16)
     x = torch.randn(4, 8, requires_grad=True)
@@ -143,6 +143,7 @@ def test_a_backward_outlives_its_callable_and_its_memory_does_not(backend):
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     compiled = minicomp.compile(fn, backend=backend)
+    torch.autograd.grad(compiled(x).sum(), (x, lin.weight))  # compiles the backward
     out = compiled(x)
     runs = list(compiled._report.runs)
     backward = [r for r in runs if getattr(r, "called_by_autograd", False)]
