@@ -35,6 +35,7 @@ from torch._dynamo.utils import counters, graph_break_reasons, guard_failures
 from .compiler.capture import make_backend, prepare
 from .errors import MinicompError
 from .frame_call import MISS, FrameCall
+from .guard_profile import unprofiled
 from .options import Options
 from .report import Report
 from .signature import (break_site, call_signature, changed_dims, describe, flat_inputs, guard_failure,
@@ -254,7 +255,7 @@ class CompiledModule:
         marked = _mark_dynamic(inputs, dims)
         try:
             with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True), \
-                    torch.fx.experimental._config.patch(backed_size_oblivious=bool(dims)):
+                    torch.fx.experimental._config.patch(backed_size_oblivious=bool(dims)), unprofiled():
                 out = program(*args, **kwargs)
         except BackendCompilerFailed as e:
             inner = getattr(e, "inner_exception", None)
