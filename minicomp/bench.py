@@ -50,6 +50,7 @@ from minicomp.overhead import breakdown, format_breakdown
 from minicomp.bench_cases import CASE_NAMES, EXTRA_CASES, TRAIN_CASES, make_case, unavailable
 from minicomp.bench_train import format_train_table, run_train
 from minicomp.bench_traces import cold_caches, collect, compile_parts, trace_only, warm_traces
+from minicomp.guard_profile import unprofiled
 from minicomp.timing import grid, machine, peak_bytes, set_threads, time_interleaved
 
 OVERHEAD_BOUND_S = 200e-6  # a call below this is mostly host overhead: its breakdown goes in the output
@@ -146,11 +147,12 @@ def bench_case(name: str, backend: str, reps: int, quick: bool, copy_elems: int,
     again, ind_again, dynamo, traces = [], [], [], []
     for _ in range(AGAIN_SAMPLES):
         torch._dynamo.reset()
-        traced = torch.compile(fn, backend="eager")
-        dynamo.append(_timed_first_call(traced, inputs)[0] - _timed_first_call(traced, inputs)[0])  # less a run
-        torch._dynamo.reset()
-        traced = torch.compile(fn, backend=trace_only())
-        traces.append(_timed_first_call(traced, inputs)[0] - _timed_first_call(traced, inputs)[0])
+        with unprofiled():  # the floor without the guard profile, which minicomp.compile skips (guard_profile.py)
+            traced = torch.compile(fn, backend="eager")
+            dynamo.append(_timed_first_call(traced, inputs)[0] - _timed_first_call(traced, inputs)[0])  # less a run
+            torch._dynamo.reset()
+            traced = torch.compile(fn, backend=trace_only())
+            traces.append(_timed_first_call(traced, inputs)[0] - _timed_first_call(traced, inputs)[0])
         torch._dynamo.reset()
         compiled = minicomp.compile(fn, backend=backend)
         s, actual = _timed_first_call(compiled, inputs)
@@ -272,7 +274,7 @@ def format_table(rows: list) -> str:
                    f"compile s = first call, cold caches, median of {COLD_SAMPLES} (one with --quick); again s = a fresh compile of the same case in this process, median of 3 "
                    f"(Dynamo traces again; minicomp's graph cache then skips AOTAutograd, lowering, passes and code generation, "
                    f"as Inductor's caches skip its own); own s = minicomp's part of that (building the program, loading machine code); "
-                   f"dynamo s = Dynamo's trace alone (backend='eager', same rounds; its first call less its second): what no Dynamo-based compile goes under; trace s = Dynamo and AOTAutograd with nothing compiled (same decompositions, same rounds), "
+                   f"dynamo s = Dynamo's trace alone (backend='eager', same rounds; its first call less its second; Dynamo's guard profile skipped, as minicomp.compile skips it): what no Dynamo-based compile goes under; trace s = Dynamo and AOTAutograd with nothing compiled (same decompositions, same rounds), "
                    f"the part of a cold compile that is torch's, and trace/ind. that and one call over Inductor's cold compile: the least a compile through both can be; "
                    f"cold own s = minicomp's part of the cold compile (with the first call's wait for LLVM), llvm s = LLVM's O3, machine code and "
                    f"loading, in the background from the end of code generation; "
