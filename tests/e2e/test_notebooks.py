@@ -60,6 +60,9 @@ def test_notebook_runs(name, kernel_dir, tmp_path):
         client.execute()
     except nbclient.exceptions.CellExecutionError as err:
         pytest.fail(f"{name}: a cell failed\n{err}", pytrace=False)
+    finally:  # a client given its kernel manager leaves the kernel running: a process with torch loaded
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "quick: True" in printed, f"{name} did not run in quick mode"
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
