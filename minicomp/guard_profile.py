@@ -7,8 +7,9 @@ every frame Dynamo compiles: 30-36 ms here, a fifth of a small function's whole 
 OpInfo sample: 0.17-0.2 s with it, 0.14-0.15 s without) and as much again on each graph break's
 frame. `unprofiled()` replaces it with a function that times nothing while `minicomp.compile`
 compiles (api.py): Dynamo's log then says "Guard eval latency = 0.00 us". Overlapping compiles
-from several threads share one replacement, and the last to finish puts Dynamo's back. A torch
-without the function compiles as it does.
+from several threads share one replacement, and the last to finish puts Dynamo's back; a
+`torch.compile` on another thread meanwhile skips it too (only its log line and metric differ). A
+torch without the function compiles as it does.
 
 `torch.compile(model, backend="minicomp")` is Dynamo's own call: it profiles its guards as usual.
 """
