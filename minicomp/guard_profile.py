@@ -29,11 +29,8 @@ def _no_profile(*args, **kwargs) -> float:
 @contextlib.contextmanager
 def unprofiled():
     """Dynamo's compiles inside skip the guard profile (see the module note)."""
-    try:
-        from torch._dynamo import guards
-    except ImportError:
-        guards = None
-    if guards is None or not hasattr(guards, "profile_guard_manager"):
+    from torch._dynamo import guards
+    if not hasattr(guards, "profile_guard_manager"):
         yield
         return
     with _lock:
